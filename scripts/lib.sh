@@ -1,0 +1,26 @@
+# Shared shell helpers for scripts/*.sh: sourced, never run.
+# shellcheck shell=bash
+
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+say() { printf '==> %s\n' "$*" >&2; }
+
+# Run a command as root: directly when we are root, else through sudo.
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"
+  elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo "$@"
+  else die "this step needs root: run as root or give this user passwordless sudo (needed for: $*)"
+  fi
+}
+
+# Fail early, with one clear line, when a prerequisite is missing.
+need_free_gb() {  # need_free_gb DIR GB
+  local avail_kb
+  avail_kb=$(df -Pk "$1" | awk 'NR==2 {print $4}')
+  [ "$avail_kb" -ge $(( $2 * 1024 * 1024 )) ] || die "$1 has $(( avail_kb / 1024 / 1024 )) GB free; the rig needs at least $2 GB (images, wheelhouse, models)"
+}
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV="$ROOT/.venv"
+BUILD="$ROOT/build"
+export CONTAINERS_CONF="$ROOT/files/containers.conf"
+export ANSIBLE_CONFIG="$ROOT/ansible.cfg"
