@@ -1,0 +1,63 @@
+"""Run ansible-playbook from tests and read its recap."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.conftest import ROOT, VENV_BIN
+
+_RECAP = re.compile(r"^(?P<host>\S+)\s+:\s+(?P<counts>(?:\w+=\d+\s*)+)$", re.MULTILINE)
+
+
+@dataclass
+class PlaybookRun:
+    """The outcome of one ansible-playbook run."""
+
+    rc: int
+    output: str
+    seconds: float
+    recap: dict[str, dict[str, int]]
+
+    def total(self, key: str) -> int:
+        """Sum one recap counter (ok, changed, failed, ...) over all hosts."""
+        return sum(counts.get(key, 0) for counts in self.recap.values())
+
+
+def parse_recap(output: str) -> dict[str, dict[str, int]]:
+    """Parse the PLAY RECAP block into {host: {counter: value}}."""
+    recap_start = output.rfind("PLAY RECAP")
+    recap: dict[str, dict[str, int]] = {}
+    if recap_start < 0:
+        return recap
+    for match in _RECAP.finditer(output[recap_start:]):
+        counts = dict(item.split("=") for item in match.group("counts").split())
+        recap[match.group("host")] = {k: int(v) for k, v in counts.items()}
+    return recap
+
+
+def run_playbook(
+    playbook: str,
+    *args: str,
+    inventory: Path | str | None = None,
+    extra_vars: dict | None = None,
+    timeout: float = 3600,
+) -> PlaybookRun:
+    """Run a playbook from the repository root; never raises on a failed play."""
+    cmd = [str(VENV_BIN / "ansible-playbook"), playbook, *args]
+    if inventory is not None:
+        cmd += ["-i", str(inventory)]
+    if extra_vars:
+        cmd += ["-e", json.dumps(extra_vars)]
+    env = {**os.environ, "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1"}
+    started = time.monotonic()
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    output = proc.stdout + proc.stderr
+    return PlaybookRun(proc.returncode, output, time.monotonic() - started, parse_recap(proc.stdout))
