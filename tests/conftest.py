@@ -20,3 +20,14 @@ os.environ["PATH"] = f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
 def repo_root() -> Path:
     """The repository root."""
     return ROOT
+
+
+@pytest.fixture
+def figure(capsys: pytest.CaptureFixture[str]):
+    """Print a measured figure straight to the terminal, so every run's output shows it."""
+
+    def _print(label: str, value: str) -> None:
+        with capsys.disabled():
+            print(f"\n[figure] {label}: {value}", flush=True)
+
+    return _print
