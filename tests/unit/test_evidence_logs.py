@@ -1,0 +1,100 @@
+"""The log reader on real CPU-build excerpts and on the T4 lines FACTS.md lists."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from evidence.logs import FIELDS, parse_log
+
+FIX = Path(__file__).parent / "evidence_fixtures"
+
+
+def test_t4_journal_lines_with_separators_and_prefixes() -> None:
+    facts = parse_log((FIX / "t4_emb4_journal.log").read_text())
+    assert facts["model_loading_gib"] == 2.86
+    assert facts["model_loading_s"] == 88.98
+    assert facts["kv_cache_memory_gib"] == 4.66
+    assert facts["kv_cache_tokens"] == 1_099_362
+    assert facts["max_concurrency_tokens_per_request"] == 16_384
+    assert facts["max_concurrency"] == 67.10
+    assert facts["engine_init_s"] == 61.77
+    assert facts["compile_s"] == 2.59
+    assert facts["linear_kernel"] == "MarlinLinearKernel"
+    assert facts["linear_scheme"] == "CompressedTensorsWNA16"
+    assert facts["vllm_version"] == "0.29.0"
+    assert facts["non_default_args"]["max_num_seqs"] == 8
+    assert facts["non_default_args"]["enable_prefix_caching"] is False
+    assert facts["aot_compile_loaded"] is True
+    # The CUDA build reports model loading, not the CPU build's weights-only line.
+    assert facts["weights_loading_s"] is None
+
+
+def test_cpu_build_real_excerpt() -> None:
+    facts = parse_log((FIX / "cpu_tiny_eager.log").read_text())
+    assert facts["vllm_version"] == "0.29.0"
+    assert facts["kv_cache_memory_gib"] == 0.25
+    assert facts["kv_cache_tokens"] == 335_544
+    assert facts["max_concurrency"] == 163.84
+    assert facts["max_concurrency_tokens_per_request"] == 2048
+    assert facts["engine_init_s"] == 0.16
+    assert facts["weights_loading_s"] == 0.01
+    assert facts["non_default_args"]["kv_cache_memory_bytes"] == 268435456
+    # Lines the CPU build does not print stay missing, not zero.
+    for field in ("model_loading_gib", "model_loading_s", "compile_s", "linear_kernel", "aot_compile_loaded"):
+        assert facts[field] is None, field
+
+
+def test_empty_log_is_all_missing() -> None:
+    assert parse_log("") == dict.fromkeys(FIELDS)
+    assert all(v is None for v in parse_log("random noise\nnothing here 0 GiB").values())
+
+
+def test_zero_values_are_read_as_zero_not_missing() -> None:
+    facts = parse_log("Available KV cache memory: 0.00 GiB\nGPU KV cache size: 0 tokens\n")
+    assert facts["kv_cache_memory_gib"] == 0.0
+    assert facts["kv_cache_tokens"] == 0
+
+
+def test_only_the_last_start_counts() -> None:
+    cold = "non-default args: {'model': 'x'}\nGPU KV cache size: 980,210 tokens\n"
+    warm = "non-default args: {'model': 'x'}\nGPU KV cache size: 1,099,362 tokens\n"
+    facts = parse_log(cold + warm)
+    assert facts["kv_cache_tokens"] == 1_099_362
+    # A field printed only by the earlier start does not leak into the last one.
+    facts = parse_log("Available KV cache memory: 4.20 GiB\n" + warm)
+    assert facts["kv_cache_memory_gib"] is None
+
+
+def test_unparseable_args_are_missing() -> None:
+    assert parse_log("non-default args: {'a': <object at 0x1>}")["non_default_args"] is None
+
+
+def test_cli_reads_file_and_stdin(repo_root: Path) -> None:
+    log = FIX / "t4_emb4_journal.log"
+    out = subprocess.run(
+        [sys.executable, "-m", "evidence.logs", str(log)],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(out.stdout)["kv_cache_tokens"] == 1_099_362
+    out = subprocess.run(
+        [sys.executable, "-m", "evidence.logs", "--field", "model_loading_gib"],
+        cwd=repo_root,
+        input=log.read_text(),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(out.stdout) == 2.86
+    bad = subprocess.run(
+        [sys.executable, "-m", "evidence.logs", "/nonexistent.log"],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and "not found" in bad.stderr
