@@ -1,0 +1,709 @@
+#!/usr/bin/python
+"""Ansible module: one Compute Engine VM (T4 by default) with zone fallback, check mode and diff."""
+
+# ruff: noqa: E402 - Ansible modules keep DOCUMENTATION/EXAMPLES/RETURN above the imports.
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gce_instance
+short_description: Create, update, start, stop or delete one Compute Engine VM, trying zones in order
+description:
+  - Manages one Compute Engine instance with the google-cloud-compute client, shaped by default for
+    the gemma-rig T4 host (n1-standard-2, one nvidia-tesla-t4, Debian 13, 32 GB pd-ssd boot disk,
+    250 GB pd-balanced data disk that survives the VM).
+  - Looks for the instance in every zone of O(zones) first, so it is never created twice.
+  - When a zone has no capacity (C(ZONE_RESOURCE_POOL_EXHAUSTED) and its relatives) it tries the
+    next zone and says so in RV(warnings) and RV(zones_tried). A quota error fails at once, naming
+    the quota and how to raise it. HTTP 429 and 5xx answers are retried with exponential backoff;
+    inserts carry a requestId so a retried insert never makes a second VM.
+  - Labels, metadata and tags are changed in place. Machine type, GPU, scheduling and service
+    account need the VM stopped; they are reported in the diff and the module fails unless
+    O(allow_stop=true). Network, external IP and data disk changes would need a new VM; the module
+    reports them and fails.
+  - Supports check mode (only reads are sent) and diff mode.
+version_added: "0.1.0"
+author: gemma-rig contributors
+requirements:
+  - google-cloud-compute >= 1.56
+  - google-auth
+options:
+  project:
+    description: Google Cloud project id.
+    type: str
+    required: true
+  zones:
+    description:
+      - Zones to try, in order. The first with capacity gets the VM. One zone may be given as a string.
+      - When the data disk already exists, only its zone is used (a disk attaches only in its zone).
+    type: list
+    elements: str
+    required: true
+  name:
+    description: Instance name (also the boot disk's name).
+    type: str
+    required: true
+  state:
+    description:
+      - V(present) makes sure the VM exists (a new one is started), V(started) and V(stopped) also
+        set its power state, V(absent) deletes it (the data disk is kept unless O(delete_data_disk)).
+    type: str
+    choices: [present, started, stopped, absent]
+    default: present
+  machine_type:
+    description: Machine type.
+    type: str
+    default: n1-standard-2
+  accelerator_type:
+    description: GPU type.
+    type: str
+    default: nvidia-tesla-t4
+  accelerator_count:
+    description: Number of GPUs; V(0) for none. A GPU VM gets C(onHostMaintenance=TERMINATE).
+    type: int
+    default: 1
+  image:
+    description: Boot image, by O(image.family) (preferred) or O(image.name).
+    type: dict
+    default: {project: debian-cloud, family: debian-13}
+    suboptions:
+      project:
+        description: Project holding the image.
+        type: str
+        default: debian-cloud
+      family:
+        description: Image family; the newest image of it is used.
+        type: str
+      name:
+        description: Exact image name, when no family is given.
+        type: str
+  boot_disk:
+    description: Boot disk, created with the VM. Only used at creation.
+    type: dict
+    default: {}
+    suboptions:
+      size_gb:
+        description: Size in GB.
+        type: int
+        default: 32
+      type:
+        description: Disk type.
+        type: str
+        default: pd-ssd
+      auto_delete:
+        description: Delete the boot disk with the VM (set explicitly, since the API defaults to false).
+        type: bool
+        default: true
+  data_disk:
+    description:
+      - The data disk (models, caches, swap). Reused by name when a disk of that name exists in one
+        of O(zones); else created with the VM, in the same zone.
+    type: dict
+    default: {}
+    suboptions:
+      enabled:
+        description: Attach a data disk at all.
+        type: bool
+        default: true
+      name:
+        description: Disk name; defaults to O(name) + C(-data).
+        type: str
+      size_gb:
+        description: Size in GB when created.
+        type: int
+        default: 250
+      type:
+        description: Disk type when created.
+        type: str
+        default: pd-balanced
+      auto_delete:
+        description: Delete the data disk with the VM. Off, so models survive a teardown.
+        type: bool
+        default: false
+  delete_data_disk:
+    description: With O(state=absent), delete the data disk too (it holds the models and caches).
+    type: bool
+    default: false
+  provisioning_model:
+    description: V(standard), or V(spot) (cheaper, may be preempted; counts against PREEMPTIBLE_NVIDIA_T4_GPUS).
+    type: str
+    choices: [standard, spot]
+    default: standard
+  termination_action:
+    description: What a spot VM does when preempted.
+    type: str
+    choices: [stop, delete]
+    default: stop
+  labels:
+    description: Labels, managed as a whole.
+    type: dict
+    default: {}
+  metadata:
+    description: Free-form instance metadata, managed as a whole together with the options below.
+    type: dict
+    default: {}
+  startup_script:
+    description: Startup script (metadata key C(startup-script)).
+    type: str
+  ssh_keys:
+    description: Lines C(user:ssh-ed25519 AAAA... comment) (metadata key C(ssh-keys)).
+    type: list
+    elements: str
+  os_login:
+    description: Set metadata C(enable-oslogin) to TRUE or FALSE; unset leaves it out.
+    type: bool
+  service_account:
+    description: Service account email the VM runs as (V(default) for the project's default one). Unset means none.
+    type: str
+  scopes:
+    description: OAuth scopes for O(service_account).
+    type: list
+    elements: str
+    default: [https://www.googleapis.com/auth/cloud-platform]
+  network:
+    description: VPC network name.
+    type: str
+    default: default
+  subnetwork:
+    description: Subnetwork name in the zone's region (custom-mode networks).
+    type: str
+  tags:
+    description: Network tags (firewall rules select VMs by them).
+    type: list
+    elements: str
+    default: []
+  external_ip:
+    description: Give the VM an ephemeral external IP.
+    type: bool
+    default: true
+  allow_stop:
+    description: Allow stop, update, start to apply changes that need a stopped VM.
+    type: bool
+    default: false
+  operation_timeout:
+    description: Seconds to wait for each operation.
+    type: int
+    default: 600
+  retry_deadline:
+    description: Seconds within which 429 and 5xx answers are retried.
+    type: float
+    default: 120
+  retry_initial_delay:
+    description: First backoff delay in seconds (doubled each retry, at most 30).
+    type: float
+    default: 1.0
+  auth_kind:
+    description:
+      - V(application) uses Application Default Credentials (C(gcloud auth application-default login),
+        C(GOOGLE_APPLICATION_CREDENTIALS), or the metadata server).
+      - V(serviceaccount) reads O(service_account_file). V(anonymous) sends no credentials (only for a
+        local fake API).
+    type: str
+    choices: [application, serviceaccount, anonymous]
+    default: application
+  service_account_file:
+    description: Service-account JSON key file for O(auth_kind=serviceaccount).
+    type: path
+  api_endpoint:
+    description:
+      - Compute API endpoint override, like C(endpoint_url) in amazon.aws modules. C(http://host:port)
+        speaks plain HTTP (a local fake API).
+    type: str
+notes:
+  - Check mode sends only reads. Diff mode shows the compared fields before and after.
+  - Needs the Compute Engine API enabled and a GPU quota above 0 in the zones' regions.
+seealso:
+  - name: gemma-rig docs/gce.md
+    description: Quota, zones, costs, tunnels and opening the endpoint.
+    link: https://cloud.google.com/compute/docs/gpus
+"""
+
+EXAMPLES = r"""
+- name: T4 rig VM, trying three zones
+  gce_instance:
+    project: my-project
+    zones: [us-central1-a, us-central1-b, us-east1-c]
+    name: gemma-rig-1
+    labels: {app: gemma-rig}
+    ssh_keys: ["rig:{{ lookup('ansible.builtin.file', '~/.ssh/id_ed25519.pub') }}"]
+  register: vm
+
+- name: Spot VM that stops when preempted
+  gce_instance:
+    project: my-project
+    zones: us-west1-b
+    name: gemma-rig-spot
+    provisioning_model: spot
+    termination_action: stop
+
+- name: Bigger machine, allowing the stop/update/start it needs
+  gce_instance:
+    project: my-project
+    zones: [us-central1-a]
+    name: gemma-rig-1
+    machine_type: n1-standard-4
+    allow_stop: true
+
+- name: Delete the VM, keep the data disk
+  gce_instance:
+    project: my-project
+    zones: [us-central1-a, us-central1-b]
+    name: gemma-rig-1
+    state: absent
+"""
+
+RETURN = r"""
+name:
+  description: Instance name.
+  returned: always
+  type: str
+zone:
+  description: Zone the instance is in (or would be created in, in check mode); empty when absent.
+  returned: always
+  type: str
+status:
+  description: Instance status (RUNNING, TERMINATED...), C(ABSENT), or C(PLANNED) in check mode.
+  returned: always
+  type: str
+internal_ip:
+  description: Primary internal IP.
+  returned: when the instance exists
+  type: str
+external_ip:
+  description: Ephemeral external IP, empty when none.
+  returned: when the instance exists
+  type: str
+disks:
+  description: Attached disks.
+  returned: when the instance exists
+  type: list
+  elements: dict
+  contains:
+    name: {description: Disk name., type: str}
+    boot: {description: Boot disk or not., type: bool}
+    auto_delete: {description: Deleted with the VM., type: bool}
+    device_name: {description: Device name (/dev/disk/by-id/google-NAME)., type: str}
+    size_gb: {description: Size in GB., type: int}
+actions:
+  description: What the module did (or would do in check mode), in order.
+  returned: always
+  type: list
+  elements: str
+  sample: ["stockout in us-central1-a", "insert in us-central1-b"]
+zones_tried:
+  description: Zones an insert was attempted in, with the outcome.
+  returned: always
+  type: list
+  elements: dict
+data_disk:
+  description: The data disk as it stands after the run (name, zone, size_gb, type), or null when none exists.
+  returned: always
+  type: dict
+changes:
+  description: Changed fields grouped as in_place, stop and recreate.
+  returned: when the instance existed
+  type: dict
+"""
+
+import json
+import uuid
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.gce_body import STOPPED, instance_body
+from ansible.module_utils.gce_client import (
+    AUTH_ARGUMENT_SPEC,
+    HAS_GOOGLE,
+    IMPORT_ERROR,
+    make_clients,
+    to_dict,
+)
+from ansible.module_utils.gce_diff import changes, summarize_existing, summarize_wanted
+from ansible.module_utils.gce_errors import GceError, classify_exception, exception_to_error
+from ansible.module_utils.gce_operations import wait
+from ansible.module_utils.gce_retry import make_retry
+
+
+def _last(value: str | None) -> str:
+    return (value or "").rstrip("/").rsplit("/", 1)[-1]
+
+
+ARGUMENT_SPEC: dict[str, Any] = dict(
+    AUTH_ARGUMENT_SPEC,
+    zones={"type": "list", "elements": "str", "required": True},
+    name={"type": "str", "required": True},
+    state={"type": "str", "default": "present", "choices": ["present", "started", "stopped", "absent"]},
+    machine_type={"type": "str", "default": "n1-standard-2"},
+    accelerator_type={"type": "str", "default": "nvidia-tesla-t4"},
+    accelerator_count={"type": "int", "default": 1},
+    image={
+        "type": "dict",
+        "default": {"project": "debian-cloud", "family": "debian-13"},
+        "options": {
+            "project": {"type": "str", "default": "debian-cloud"},
+            "family": {"type": "str"},
+            "name": {"type": "str"},
+        },
+        "required_one_of": [["family", "name"]],
+    },
+    boot_disk={
+        "type": "dict",
+        "default": {},
+        "options": {
+            "size_gb": {"type": "int", "default": 32},
+            "type": {"type": "str", "default": "pd-ssd"},
+            "auto_delete": {"type": "bool", "default": True},
+        },
+    },
+    data_disk={
+        "type": "dict",
+        "default": {},
+        "options": {
+            "enabled": {"type": "bool", "default": True},
+            "name": {"type": "str"},
+            "size_gb": {"type": "int", "default": 250},
+            "type": {"type": "str", "default": "pd-balanced"},
+            "auto_delete": {"type": "bool", "default": False},
+        },
+    },
+    delete_data_disk={"type": "bool", "default": False},
+    provisioning_model={"type": "str", "default": "standard", "choices": ["standard", "spot"]},
+    termination_action={"type": "str", "default": "stop", "choices": ["stop", "delete"]},
+    labels={"type": "dict", "default": {}},
+    metadata={"type": "dict", "default": {}},
+    startup_script={"type": "str"},
+    ssh_keys={"type": "list", "elements": "str", "no_log": False},
+    os_login={"type": "bool"},
+    service_account={"type": "str"},
+    scopes={"type": "list", "elements": "str", "default": ["https://www.googleapis.com/auth/cloud-platform"]},
+    network={"type": "str", "default": "default"},
+    subnetwork={"type": "str"},
+    tags={"type": "list", "elements": "str", "default": []},
+    external_ip={"type": "bool", "default": True},
+    allow_stop={"type": "bool", "default": False},
+    operation_timeout={"type": "int", "default": 600},
+    retry_deadline={"type": "float", "default": 120.0},
+    retry_initial_delay={"type": "float", "default": 1.0},
+)
+
+
+class Runner:
+    """One module run: fetch, compare, act."""
+
+    def __init__(self, module: AnsibleModule) -> None:
+        self.module = module
+        self.p = module.params
+        self.project = self.p["project"]
+        self.clients = make_clients(
+            self.p["auth_kind"], self.p["service_account_file"], self.p["api_endpoint"]
+        )
+        self.retry = make_retry(self.p["retry_initial_delay"], 30.0, self.p["retry_deadline"])
+        self.actions: list[str] = []
+        self.warnings: list[str] = []
+        self.zones_tried: list[dict[str, str]] = []
+
+    # ---- reads ---------------------------------------------------------------------------------
+    def _get(self, call: Any, **kwargs: Any) -> dict[str, Any] | None:
+        try:
+            return to_dict(call(project=self.project, retry=self.retry, **kwargs))
+        except Exception as exc:
+            if classify_exception(exc) == "notfound":
+                return None
+            raise exception_to_error(exc, self.project) from exc
+
+    def find_instance(self) -> dict[str, Any] | None:
+        for zone in self.p["zones"]:
+            inst = self._get(self.clients.instances.get, zone=zone, instance=self.p["name"])
+            if inst:
+                return inst
+        return None
+
+    def data_disk_name(self) -> str:
+        return (self.p["data_disk"] or {}).get("name") or f"{self.p['name']}-data"
+
+    def find_data_disk(self) -> dict[str, Any] | None:
+        if not self.p["data_disk"]["enabled"] and not self.p["delete_data_disk"]:
+            return None
+        for zone in self.p["zones"]:
+            disk = self._get(self.clients.disks.get, zone=zone, disk=self.data_disk_name())
+            if disk:
+                return disk
+        return None
+
+    # ---- writes --------------------------------------------------------------------------------
+    def _op(self, call: Any, op_zone: str | None, **kwargs: Any) -> dict[str, Any]:
+        try:
+            if "request" not in kwargs:
+                kwargs["project"] = self.project
+            op = call(retry=self.retry, **kwargs)
+        except GceError:
+            raise
+        except Exception as exc:
+            raise exception_to_error(exc, self.project) from exc
+        return wait(self.clients, op, self.project, op_zone, self.p["operation_timeout"], self.retry)
+
+    def _action(self, zone: str, verb: str, **kwargs: Any) -> None:
+        call = getattr(self.clients.instances, f"{verb}_unary")
+        self._op(call, zone, zone=zone, instance=self.p["name"], **kwargs)
+        self.actions.append(f"{verb} in {zone}")
+
+    def insert(self, zones: list[str], disk: dict[str, Any] | None) -> dict[str, Any]:
+        """Try each zone in order; returns the created instance."""
+        import json
+
+        from google.cloud import compute_v1
+
+        for zone in zones:
+            body = instance_body(self.p, zone, disk)
+            resource = compute_v1.Instance.from_json(json.dumps(body))
+            # One requestId per zone attempt: retries of this insert are de-duplicated by the API.
+            request = compute_v1.InsertInstanceRequest(
+                project=self.project, zone=zone, instance_resource=resource, request_id=str(uuid.uuid4())
+            )
+            try:
+                self._op(self.clients.instances.insert_unary, zone, request=request)
+            except GceError as err:
+                if err.kind != "stockout":
+                    self.zones_tried.append({"zone": zone, "result": err.kind})
+                    raise
+                self.zones_tried.append({"zone": zone, "result": "stockout"})
+                self.actions.append(f"stockout in {zone}")
+                self.warnings.append(f"zone {zone} has no capacity ({err.code}); trying the next zone")
+                continue
+            self.zones_tried.append({"zone": zone, "result": "created"})
+            self.actions.append(f"insert in {zone}")
+            return self._get(self.clients.instances.get, zone=zone, instance=self.p["name"]) or {}
+        raise GceError(
+            "stockout",
+            f"no capacity for {self.p['machine_type']} + {self.p['accelerator_count']} x "
+            f"{self.p['accelerator_type']} in any of {', '.join(zones)}; add zones or retry later",
+        )
+
+    def _call_kwargs(self, field: str, zone: str, inst: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """The instances.* verb and request body that change one field."""
+        from google.cloud import compute_v1
+
+        w = summarize_wanted(self.p)
+        if field == "machine_type":
+            body = compute_v1.InstancesSetMachineTypeRequest(
+                machine_type=f"zones/{zone}/machineTypes/{w[field]}"
+            )
+            return "set_machine_type", {"instances_set_machine_type_request_resource": body}
+        if field in ("accelerator_type", "accelerator_count"):
+            gpus = []
+            if w["accelerator_count"]:
+                gpus = [
+                    compute_v1.AcceleratorConfig(
+                        accelerator_type=f"projects/{self.project}/zones/{zone}/acceleratorTypes/{w['accelerator_type']}",
+                        accelerator_count=w["accelerator_count"],
+                    )
+                ]
+            body = compute_v1.InstancesSetMachineResourcesRequest(guest_accelerators=gpus)
+            return "set_machine_resources", {"instances_set_machine_resources_request_resource": body}
+        if field == "scheduling":
+            return "set_scheduling", {"scheduling_resource": compute_v1.Scheduling.from_json(_json(w[field]))}
+        if field == "service_account":
+            body = compute_v1.InstancesSetServiceAccountRequest(email=w[field], scopes=self.p["scopes"])
+            return "set_service_account", {"instances_set_service_account_request_resource": body}
+        if field == "labels":
+            body = compute_v1.InstancesSetLabelsRequest(
+                labels=w[field], label_fingerprint=inst.get("labelFingerprint")
+            )
+            return "set_labels", {"instances_set_labels_request_resource": body}
+        if field == "metadata":
+            items = [compute_v1.Items(key=k, value=v) for k, v in sorted(w[field].items())]
+            body = compute_v1.Metadata(
+                items=items, fingerprint=(inst.get("metadata") or {}).get("fingerprint")
+            )
+            return "set_metadata", {"metadata_resource": body}
+        body = compute_v1.Tags(items=w["tags"], fingerprint=(inst.get("tags") or {}).get("fingerprint"))
+        return "set_tags", {"tags_resource": body}
+
+    def update(self, inst: dict[str, Any], todo: dict[str, list[str]]) -> dict[str, Any]:
+        zone = _last(inst["zone"])
+        for field in todo["in_place"]:
+            verb, kwargs = self._call_kwargs(field, zone, inst)
+            self._action(zone, verb, **kwargs)
+        if todo["stop"]:
+            was_running = inst["status"] != STOPPED
+            if was_running:
+                self._action(zone, "stop")
+            done: set[str] = set()
+            for field in todo["stop"]:
+                verb, kwargs = self._call_kwargs(field, zone, inst)
+                if verb not in done:
+                    self._action(zone, verb, **kwargs)
+                    done.add(verb)
+            if was_running and self.p["state"] != "stopped":
+                self._action(zone, "start")
+        return self._get(self.clients.instances.get, zone=zone, instance=self.p["name"]) or inst
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value)
+
+
+def describe(inst: dict[str, Any] | None) -> dict[str, Any]:
+    """The instance fields the module returns."""
+    if not inst:
+        return {"status": "ABSENT", "zone": ""}
+    nic = (inst.get("networkInterfaces") or [{}])[0]
+    access = nic.get("accessConfigs") or [{}]
+    return {
+        "zone": _last(inst.get("zone")),
+        "status": inst.get("status", ""),
+        "internal_ip": nic.get("networkIP", ""),
+        "external_ip": access[0].get("natIP", ""),
+        "disks": [
+            {
+                "name": _last(d.get("source")),
+                "boot": bool(d.get("boot")),
+                "auto_delete": bool(d.get("autoDelete")),
+                "device_name": d.get("deviceName", ""),
+                "size_gb": int(d.get("diskSizeGb") or 0),
+            }
+            for d in inst.get("disks") or []
+        ],
+    }
+
+
+def describe_disk(disk: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not disk:
+        return None
+    return {
+        "name": disk["name"],
+        "zone": _last(disk.get("zone")),
+        "size_gb": int(disk.get("sizeGb") or 0),
+        "type": _last(disk.get("type")),
+        "in_use": bool(disk.get("users")),
+    }
+
+
+def run(module: AnsibleModule) -> dict[str, Any]:
+    """Fetch, compare, act; returns the result dict."""
+    r = Runner(module)
+    p = module.params
+    state = p["state"]
+    inst = r.find_instance()
+    result: dict[str, Any] = {"changed": False, "name": p["name"]}
+    wanted = summarize_wanted(p)
+    before = summarize_existing(inst) if inst else {}
+
+    if state == "absent":
+        disk = r.find_data_disk()
+        result["diff"] = {"before": dict(before, status=inst["status"]) if inst else {}, "after": {}}
+        if inst:
+            result["changed"] = True
+            if not module.check_mode:
+                r._op(
+                    r.clients.instances.delete_unary,
+                    _last(inst["zone"]),
+                    zone=_last(inst["zone"]),
+                    instance=p["name"],
+                )
+            r.actions.append(f"delete instance {p['name']} in {_last(inst['zone'])}")
+            if disk and not module.check_mode:
+                disk = r.find_data_disk()  # re-read: it is detached now
+        if disk and p["delete_data_disk"]:
+            result["changed"] = True
+            if not module.check_mode:
+                r._op(
+                    r.clients.disks.delete_unary,
+                    _last(disk["zone"]),
+                    zone=_last(disk["zone"]),
+                    disk=disk["name"],
+                )
+            r.actions.append(f"delete data disk {disk['name']} in {_last(disk['zone'])}")
+            disk = None
+        result.update(describe(None), data_disk=describe_disk(disk))
+    elif inst is None:
+        disk = r.find_data_disk() if p["data_disk"]["enabled"] else None
+        zones = list(p["zones"])
+        if disk:
+            zone = _last(disk["zone"])
+            if zones[0] != zone:
+                r.warnings.append(f"data disk {disk['name']} exists in {zone}: creating the VM there only")
+            zones = [zone]
+            r.actions.append(f"reuse data disk {disk['name']} in {zone}")
+        result["changed"] = True
+        result["diff"] = {"before": {}, "after": dict(wanted, zone=zones[0], status="RUNNING")}
+        if module.check_mode:
+            r.actions.append(f"insert in {zones[0]} (first zone with capacity)")
+            result.update(
+                describe(None), status="PLANNED", zone=zones[0], body=instance_body(p, zones[0], disk)
+            )
+        else:
+            inst = r.insert(zones, disk)
+            if state == "stopped":
+                r._action(_last(inst["zone"]), "stop")
+                inst = r.find_instance() or inst
+            result.update(describe(inst))
+        result["data_disk"] = (
+            describe_disk(r.find_data_disk()) if not module.check_mode else describe_disk(disk)
+        )
+    else:
+        todo = changes(before, wanted)
+        result["changes"] = todo
+        after = dict(before, **{k: wanted[k] for k in todo["in_place"] + todo["stop"] + todo["recreate"]})
+        status_after = {"started": "RUNNING", "stopped": STOPPED}.get(state, inst["status"])
+        result["diff"] = {
+            "before": dict(before, status=inst["status"]),
+            "after": dict(after, status=status_after),
+        }
+        if todo["recreate"]:
+            module.fail_json(
+                msg=f"instance {p['name']} differs in {', '.join(todo['recreate'])}, which cannot be changed "
+                "on an existing VM: delete it (state=absent; the data disk is kept) and create it again",
+                **result,
+            )
+        if todo["stop"] and not p["allow_stop"] and inst["status"] != STOPPED:
+            module.fail_json(
+                msg=f"instance {p['name']} differs in {', '.join(todo['stop'])}, which needs the VM stopped: "
+                "set allow_stop=true to stop, update and start it",
+                **result,
+            )
+        power = None
+        if state == "started" and inst["status"] == STOPPED:
+            power = "start"
+        elif state == "stopped" and inst["status"] != STOPPED:
+            power = "stop"
+        if todo["in_place"] or todo["stop"] or power:
+            result["changed"] = True
+            zone = _last(inst["zone"])
+            if module.check_mode:
+                r.actions.extend(f"update {f}" for f in todo["in_place"] + todo["stop"])
+                if power:
+                    r.actions.append(f"{power} in {zone}")
+            else:
+                if power == "stop":
+                    r._action(zone, "stop")
+                    inst["status"] = STOPPED
+                inst = r.update(inst, todo)
+                if power == "start":
+                    r._action(zone, "start")
+                    inst = r.find_instance() or inst
+        result.update(describe(inst), data_disk=describe_disk(r.find_data_disk()))
+    result.update(actions=r.actions, zones_tried=r.zones_tried)
+    for warning in r.warnings:
+        module.warn(warning)
+    return result
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    if not HAS_GOOGLE:
+        module.fail_json(msg=missing_required_lib("google-cloud-compute"), exception=str(IMPORT_ERROR))
+    if module.params["auth_kind"] == "serviceaccount" and not module.params["service_account_file"]:
+        module.fail_json(msg="auth_kind=serviceaccount needs service_account_file")
+    if not module.params["zones"]:
+        module.fail_json(msg="zones must name at least one zone")
+    try:
+        result = run(module)
+    except GceError as err:
+        module.fail_json(msg=str(err), error_kind=err.kind, error_code=err.code, quota=err.quota)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""HTTP front of the fake Compute API: routes the REST paths the client uses onto FakeCompute.
+
+Run standalone for manual use: ``python -m tests.fake_compute.server --port 8089``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from tests.fake_compute.state import ApiError, FakeCompute, Faults
+
+_P = r"/compute/v1/projects/(?P<project>[^/]+)"
+_Z = _P + r"/zones/(?P<zone>[^/]+)"
+# (method, path regex, handler name); first match wins.
+ROUTES: list[tuple[str, re.Pattern[str], str]] = [
+    (m, re.compile(p + "$"), h)
+    for m, p, h in [
+        ("GET", _Z + r"/instances/(?P<name>[^/]+)", "get_instance"),
+        ("GET", _Z + r"/instances", "list_instances"),
+        ("POST", _Z + r"/instances", "insert_instance"),
+        ("DELETE", _Z + r"/instances/(?P<name>[^/]+)", "delete_instance"),
+        ("POST", _Z + r"/instances/(?P<name>[^/]+)/(?P<verb>[A-Za-z]+)", "instance_action"),
+        ("GET", _Z + r"/disks/(?P<name>[^/]+)", "get_disk"),
+        ("DELETE", _Z + r"/disks/(?P<name>[^/]+)", "delete_disk"),
+        ("GET", _Z + r"/operations/(?P<name>[^/]+)", "get_operation"),
+        ("POST", _Z + r"/operations/(?P<name>[^/]+)/wait", "wait_operation"),
+        ("GET", _P + r"/global/operations/(?P<name>[^/]+)", "get_operation"),
+        ("POST", _P + r"/global/operations/(?P<name>[^/]+)/wait", "wait_operation"),
+        ("GET", _P + r"/global/firewalls/(?P<name>[^/]+)", "get_firewall"),
+        ("POST", _P + r"/global/firewalls", "insert_firewall"),
+        ("PATCH", _P + r"/global/firewalls/(?P<name>[^/]+)", "patch_firewall"),
+        ("DELETE", _P + r"/global/firewalls/(?P<name>[^/]+)", "delete_firewall"),
+    ]
+]
+
+
+def dispatch(api: FakeCompute, method: str, path: str, query: dict[str, str], body: dict[str, Any]) -> Any:
+    """Route one request; returns the JSON answer or raises ApiError."""
+    for route_method, pattern, handler in ROUTES:
+        match = route_method == method and pattern.match(path)
+        if not match:
+            continue
+        a = match.groupdict()
+        if handler == "wait_operation":
+            return api.wait_operation(a["name"])  # outside the lock: it polls
+        with api.lock:
+            if handler == "insert_instance":
+                return api.insert_instance(a["project"], a["zone"], body, query.get("requestId"))
+            if handler in ("get_instance", "get_disk"):
+                return getattr(api, handler)(a["zone"], a["name"])
+            if handler == "list_instances":
+                return api.list_instances(a["zone"])
+            if handler in ("delete_instance", "delete_disk"):
+                return getattr(api, handler)(a["project"], a["zone"], a["name"])
+            if handler == "instance_action":
+                return api.instance_action(a["project"], a["zone"], a["name"], a["verb"], body)
+            if handler == "get_operation":
+                return api.get_operation(a["name"])
+            if handler == "get_firewall":
+                return api.get_firewall(a["name"])
+            if handler == "insert_firewall":
+                return api.put_firewall(a["project"], body)
+            if handler == "patch_firewall":
+                return api.put_firewall(a["project"], body, a["name"])
+            if handler == "delete_firewall":
+                return api.delete_firewall(a["project"], a["name"])
+    raise ApiError(404, f"The fake has no route for {method} {path}", "notFound")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    api: FakeCompute  # set on the subclass made per server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # the request log below replaces the default stderr chatter
+
+    def _handle(self) -> None:
+        parts = urlsplit(self.path)
+        query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        body = json.loads(raw) if raw.strip() else {}
+        self.api.log.append({"method": self.command, "path": parts.path, "query": query, "body": body})
+        try:
+            with self.api.lock:
+                if self.api.faults.status_429:
+                    self.api.faults.status_429 -= 1
+                    raise ApiError(429, "Rate Limit Exceeded", "rateLimitExceeded")
+            status, answer = 200, dispatch(self.api, self.command, parts.path, query, body)
+        except ApiError as err:
+            status, answer = err.status, err.body
+        data = json.dumps(answer).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=UTF-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_DELETE = do_PATCH = do_PUT = _handle
+
+
+class FakeComputeServer:
+    """The fake on 127.0.0.1 with an ephemeral port, served from a daemon thread.
+
+    Use as a context manager; ``endpoint`` is what the module's ``api_endpoint`` takes.
+    """
+
+    def __init__(self, faults: Faults | None = None, port: int = 0) -> None:
+        self.api = FakeCompute(faults)
+        handler = type("Handler", (_Handler,), {"api": self.api})
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def start(self) -> FakeComputeServer:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def __enter__(self) -> FakeComputeServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main() -> None:
+    """Serve the fake in the foreground until interrupted."""
+    parser = argparse.ArgumentParser(description="Serve a local fake of the Compute Engine REST API.")
+    parser.add_argument("--port", type=int, default=8089, help="port on 127.0.0.1 (default 8089)")
+    parser.add_argument("--op-delay", type=float, default=0.5, help="seconds before an operation is DONE")
+    parser.add_argument("--stockout-zone", action="append", default=[], help="zone whose inserts stock out")
+    args = parser.parse_args()
+    server = FakeComputeServer(
+        Faults(op_delay=args.op_delay, stockout_zones=set(args.stockout_zone)), args.port
+    )
+    print(f"fake Compute API on {server.endpoint}", flush=True)
+    with contextlib.suppress(KeyboardInterrupt):
+        server.httpd.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
