@@ -1,0 +1,198 @@
+"""roles/rig_config run by real ansible-playbook (local connection) with the project's inventory."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT, VENV_BIN
+
+# Each converge is a real ansible-playbook run (~3 s of CPU): keep them out of the fast suite.
+pytestmark = pytest.mark.slow
+
+CONTRACT_KEYS = [
+    "RIG_MODEL_KEY",
+    "RIG_MODEL",
+    "RIG_SERVED_MODEL_NAME",
+    "RIG_HOST",
+    "RIG_PORT",
+    "RIG_DTYPE",
+    "RIG_KV_CACHE_DTYPE",
+    "RIG_TENSOR_PARALLEL_SIZE",
+    "RIG_GPU_MEMORY_UTILIZATION",
+    "RIG_MAX_MODEL_LEN",
+    "RIG_MAX_NUM_SEQS",
+    "RIG_EXTRA_ARGS",
+]
+
+
+def parse_env(text: str) -> dict[str, str]:
+    """KEY=VALUE lines as systemd's EnvironmentFile= reads them (double quotes stripped)."""
+    env = {}
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        key, _, value = line.partition("=")
+        if value.startswith('"') and value.endswith('"'):
+            value = value[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+        env[key] = value
+    return env
+
+
+class Rig:
+    """One rig_config target on this machine: tpu.env under tmp_path, a platform group."""
+
+    def __init__(self, tmp_path: Path, platform: str = "local") -> None:
+        self.tmp = tmp_path
+        self.env_file = tmp_path / "etc" / "tpu.env"
+        self.marker = tmp_path / "restarted"
+        # A second inventory source puts the host in the platform group; group_vars come from
+        # the project's inventory/ directory.
+        self.inventory = tmp_path / "hosts.yml"
+        self.inventory.write_text(
+            yaml.safe_dump({"rigs": {"children": {platform: {"hosts": {"rig-test": {}}}}}})
+        )
+        self.play = tmp_path / "play.yml"
+        self.play.write_text(
+            yaml.safe_dump(
+                [
+                    {
+                        "hosts": "rig-test",
+                        "gather_facts": False,
+                        "roles": ["rig_config"],
+                        "handlers": [
+                            {
+                                "name": "Record the restart",
+                                "ansible.builtin.file": {"path": str(self.marker), "state": "touch"},
+                                "listen": "restart vllm",
+                            }
+                        ],
+                    }
+                ]
+            )
+        )
+
+    def run(self, *args: str, **extra_vars: Any) -> tuple[int, list[dict[str, Any]], str]:
+        """Converge; return rc, the per-task results, and the raw output."""
+        self.marker.unlink(missing_ok=True)
+        evars = {
+            "ansible_connection": "local",
+            "ansible_python_interpreter": str(VENV_BIN / "python"),
+            "rig_config_env_file": str(self.env_file),
+            "rig_config_group": "root",
+            **extra_vars,
+        }
+        env = {
+            **os.environ,
+            "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
+            "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.json",
+        }
+        cmd = [str(VENV_BIN / "ansible-playbook"), "-i", str(ROOT / "inventory" / "local.yml")]
+        cmd += ["-i", str(self.inventory), "-e", json.dumps(evars), *args, str(self.play)]
+        res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+        try:
+            plays = json.loads(res.stdout)["plays"]
+        except (json.JSONDecodeError, KeyError):
+            plays = []  # failed before the play (argument validation, bad vars)
+        tasks = [t["hosts"].get("rig-test", {}) for p in plays for t in p["tasks"]]
+        return res.returncode, tasks, res.stdout + res.stderr
+
+    def changed(self, tasks: list[dict[str, Any]]) -> int:
+        return sum(1 for t in tasks if t.get("changed"))
+
+
+def test_local_renders_contract_keys_mode_and_restarts(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rc, tasks, out = rig.run()
+    assert rc == 0, out
+    env = parse_env(rig.env_file.read_text())
+    assert [k for k in env if k.startswith("RIG_")] == CONTRACT_KEYS
+    assert env["RIG_MODEL_KEY"] == env["RIG_SERVED_MODEL_NAME"] == "tiny-emb4"
+    assert env["RIG_MODEL"] == "/opt1/models/current"
+    assert (env["RIG_HOST"], env["RIG_PORT"]) == ("127.0.0.1", "8000")
+    assert env["RIG_DTYPE"] == "bfloat16"
+    assert env["RIG_EXTRA_ARGS"].split() == ["--enforce-eager", "--kv-cache-memory-bytes", "268435456"]
+    assert env["TMPDIR"] == "/opt1/tmp"
+    assert stat.S_IMODE(rig.env_file.stat().st_mode) == 0o640
+    assert rig.marker.exists(), "a new tpu.env must notify 'restart vllm'"
+    assert not (tmp_path / "etc" / "tpu.env.prev").exists()
+
+    # Idempotent: nothing changes, no restart.
+    rc, tasks, out = rig.run()
+    assert rc == 0, out
+    assert rig.changed(tasks) == 0, [t for t in tasks if t.get("changed")]
+    assert not rig.marker.exists()
+
+
+def test_gce_values_and_model_args(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, platform="gce")
+    rc, _, out = rig.run(rig_model="google-w4a16", rig_vllm_speculative_config={"method": "ngram", "n": 4})
+    assert rc == 0, out
+    env = parse_env(rig.env_file.read_text())
+    assert env["RIG_DTYPE"] == "float16"
+    assert env["RIG_KV_CACHE_DTYPE"] == "auto"
+    assert float(env["RIG_GPU_MEMORY_UTILIZATION"]) == 0.90
+    assert (env["RIG_MAX_MODEL_LEN"], env["RIG_MAX_NUM_SEQS"]) == ("16384", "8")
+    assert env["RIG_EXTRA_ARGS"].split() == [
+        "--language-model-only",
+        "--speculative-config",
+        '{"method":"ngram","n":4}',
+    ]
+
+
+def test_change_keeps_previous_as_prev(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    assert rig.run()[0] == 0
+    first = rig.env_file.read_text()
+    rc, _, out = rig.run(rig_model="tiny-w4a16")
+    assert rc == 0, out
+    prev = tmp_path / "etc" / "tpu.env.prev"
+    assert prev.read_text() == first
+    assert stat.S_IMODE(prev.stat().st_mode) == 0o640
+    assert parse_env(rig.env_file.read_text())["RIG_MODEL_KEY"] == "tiny-w4a16"
+    assert rig.marker.exists()
+
+
+def test_check_mode_writes_nothing(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rc, tasks, out = rig.run("--check", "--diff")
+    assert rc == 0, out
+    assert not rig.env_file.exists()
+    assert any(t.get("changed") for t in tasks)
+
+
+def test_unknown_model_fails_before_writing_and_lists_keys(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rc, _, out = rig.run(rig_model="nope")
+    assert rc != 0
+    assert "rig_model 'nope' is not in the catalog" in out
+    assert "tiny-emb4" in out and "google-w4a16" in out
+    assert not (tmp_path / "etc").exists()
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "needle"),
+    [
+        ("rig_config_dtype", "fp64", "rig_config_dtype"),
+        ("rig_config_max_num_seqs", "many", "rig_config_max_num_seqs"),
+        ("rig_config_gpu_memory_utilization", 1.5, "rig_config_gpu_memory_utilization"),
+        ("rig_config_model_path", "", "RIG_MODEL (from rig_config_model_path)"),
+        ("rig_config_environment", {"RIG_PORT": "1"}, "reserved names: RIG_PORT"),
+    ],
+)
+def test_bad_input_fails_naming_variable(tmp_path: Path, var: str, value: Any, needle: str) -> None:
+    rig = Rig(tmp_path)
+    rig.env_file.parent.mkdir()
+    rig.env_file.write_text("RIG_MODEL_KEY=untouched\n")
+    before = rig.env_file.read_bytes()
+    rc, _, out = rig.run(**{var: value})
+    assert rc != 0
+    assert needle in out
+    assert rig.env_file.read_bytes() == before
