@@ -1,0 +1,278 @@
+#!/usr/bin/env python3
+"""Build a tiny random Gemma 4 in the multimodal layout of Google's QAT release.
+
+    python repack/make_tiny_qat.py OUT [--seed N] [--with-shared-kv] [--force]
+
+The checkpoint mirrors google/gemma-4-E2B-it-qat-q4_0-unquantized at toy scale: a config.json
+with text/vision/audio configs written the way the release writes them, `model.language_model.*`
+names, vision and audio towers, per-layer embeddings, KV-shared layers without k_proj/v_proj/
+k_norm (unless --with-shared-kv), bf16 values with every language-model linear and embedding
+table on a Q4_0 grid (groups of 32, levels -8..7, steps exact in bf16, peaks at every level 1..8),
+a locally built tokenizer with a Gemma-style chat template, and generation_config.json.
+Every linear satisfies Marlin (out % 64 == 0, in % 128 == 0); the vocabulary is a multiple of 64.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+from safetensors.torch import save_file
+
+from repack import grid, tokenizer
+from repack.outdir import OutputError, atomic_dir
+
+NUM_LAYERS = 10
+KV_SHARED = 4
+VOCAB = 384
+HIDDEN = 256
+PER_LAYER = 128
+LM = "model.language_model."
+# Language-model tensors that the QAT release stores on the Q4_0 grid.
+ON_GRID = re.compile(
+    r"^model\.language_model\.(embed_tokens|embed_tokens_per_layer|per_layer_model_projection"
+    r"|layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj|per_layer_input_gate|per_layer_projection))"
+    r"\.weight$"
+)
+
+
+def text_config() -> dict:
+    """The text config, with keys as Google's release writes them (global_head_dim, not per_layer_config)."""
+    return {
+        "architectures": None,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "attention_k_eq_v": False,
+        "bos_token_id": 2,
+        "dtype": "bfloat16",
+        "enable_moe_block": False,
+        "eos_token_id": 1,
+        "expert_intermediate_size": None,
+        "final_logit_softcapping": 30.0,
+        "global_head_dim": 128,
+        "head_dim": 64,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_size": HIDDEN,
+        "hidden_size_per_layer_input": PER_LAYER,
+        "initializer_range": 0.02,
+        "intermediate_size": 512,
+        "layer_types": ["full_attention" if i % 5 == 4 else "sliding_attention" for i in range(NUM_LAYERS)],
+        "max_position_embeddings": 4096,
+        "model_type": "gemma4_text",
+        "num_attention_heads": 2,
+        "num_experts": None,
+        "num_global_key_value_heads": None,
+        "num_hidden_layers": NUM_LAYERS,
+        "num_key_value_heads": 1,
+        "num_kv_shared_layers": KV_SHARED,
+        "pad_token_id": 0,
+        "rms_norm_eps": 1e-06,
+        "rope_parameters": {
+            "full_attention": {
+                "partial_rotary_factor": 0.25,
+                "rope_theta": 1000000.0,
+                "rope_type": "proportional",
+            },
+            "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
+        },
+        "sliding_window": 512,
+        "tie_word_embeddings": True,
+        "top_k_experts": None,
+        "use_bidirectional_attention": None,
+        "use_cache": True,
+        "use_double_wide_mlp": True,
+        "vocab_size": VOCAB,
+        "vocab_size_per_layer_input": VOCAB,
+    }
+
+
+def vision_config() -> dict:
+    return {
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "default_output_length": 16,
+        "dtype": "bfloat16",
+        "head_dim": 64,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_size": 128,
+        "initializer_range": 0.02,
+        "intermediate_size": 256,
+        "max_position_embeddings": 131072,
+        "model_type": "gemma4_vision",
+        "num_attention_heads": 2,
+        "num_hidden_layers": 1,
+        "num_key_value_heads": 2,
+        "patch_size": 16,
+        "pooling_kernel_size": 3,
+        "position_embedding_size": 256,
+        "rms_norm_eps": 1e-06,
+        "rope_parameters": {"rope_theta": 100.0, "rope_type": "default"},
+        "standardize": False,
+        "use_clipped_linears": True,
+    }
+
+
+def audio_config() -> dict:
+    return {
+        "attention_chunk_size": 12,
+        "attention_context_left": 13,
+        "attention_context_right": 0,
+        "attention_invalid_logits_value": -1000000000.0,
+        "attention_logit_cap": 50.0,
+        "conv_kernel_size": 5,
+        "dtype": "bfloat16",
+        "gradient_clipping": 10000000000.0,
+        "hidden_act": "silu",
+        "hidden_size": 128,
+        "initializer_range": 0.02,
+        "model_type": "gemma4_audio",
+        "num_attention_heads": 2,
+        "num_hidden_layers": 1,
+        "output_proj_dims": HIDDEN,
+        "residual_weight": 0.5,
+        "rms_norm_eps": 1e-06,
+        "subsampling_conv_channels": [16, 8],
+        "use_clipped_linears": True,
+    }
+
+
+def full_config() -> dict:
+    """The top-level multimodal config.json."""
+    tc = text_config()
+    tc.pop("architectures")
+    ids = tokenizer.TOKEN_IDS
+    return {
+        "architectures": ["Gemma4ForConditionalGeneration"],
+        "audio_config": audio_config(),
+        "audio_token_id": ids["<audio_soft_token>"],
+        "boa_token_id": ids["<start_of_audio>"],
+        "boi_token_id": ids["<start_of_image>"],
+        "dtype": "bfloat16",
+        "eoa_token_id": ids["<end_of_audio>"],
+        "eoa_token_index": ids["<end_of_audio>"],
+        "eoi_token_id": ids["<end_of_image>"],
+        "eos_token_id": [ids["<eos>"], ids["<end_of_turn>"]],
+        "image_token_id": ids["<image_soft_token>"],
+        "initializer_range": 0.02,
+        "model_type": "gemma4",
+        "text_config": tc,
+        "tie_word_embeddings": True,
+        "transformers_version": "5.5.0",
+        "video_token_id": ids["<video_soft_token>"],
+        "vision_config": vision_config(),
+        "vision_soft_tokens_per_image": 16,
+    }
+
+
+def random_state(cfg: dict, seed: int) -> dict[str, torch.Tensor]:
+    """Instantiate transformers' Gemma 4 from ``cfg`` (seeded) and return its bf16 state dict."""
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    model = Gemma4ForConditionalGeneration(Gemma4Config.from_dict(json.loads(json.dumps(cfg))))
+    return {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+
+
+def shared_kv_extras(state: dict[str, torch.Tensor], gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """k_proj, v_proj and k_norm for the KV-shared layers, shaped like their layer type's owners."""
+    extras = {}
+    types = text_config()["layer_types"]
+    first_shared = NUM_LAYERS - KV_SHARED
+    for i in range(first_shared, NUM_LAYERS):
+        owner = max(j for j in range(first_shared) if types[j] == types[i])
+        for part in ("k_proj.weight", "v_proj.weight", "k_norm.weight"):
+            ref = state[f"{LM}layers.{owner}.self_attn.{part}"]
+            extras[f"{LM}layers.{i}.self_attn.{part}"] = (
+                grid.random_on_grid(tuple(ref.shape), gen) if ref.dim() == 2 else torch.ones_like(ref)
+            )
+    return extras
+
+
+def build(out: Path, seed: int, with_shared_kv: bool, force: bool) -> dict[str, int]:
+    """Write the tiny checkpoint to ``out`` atomically; return counts for the summary."""
+    with atomic_dir(out, force=force) as tmp:
+        return _write(tmp, seed, with_shared_kv)
+
+
+def _write(tmp: Path, seed: int, with_shared_kv: bool) -> dict[str, int]:
+    """Generate the tensors, tokenizer and configs into ``tmp``."""
+    cfg = full_config()
+    state = random_state(cfg, seed)
+    state.pop("lm_head.weight", None)  # tied to embed_tokens, as in the release
+    gen = torch.Generator().manual_seed(seed)
+    snapped = 0
+    for name in sorted(state):
+        if ON_GRID.match(name):
+            # Embedding tables get larger steps so that scaled embeddings are not tiny.
+            exp = -7 if "embed_tokens" in name else -10
+            state[name] = grid.random_on_grid(tuple(state[name].shape), gen, exponent=exp)
+            snapped += 1
+    if with_shared_kv:
+        state.update(shared_kv_extras(state, gen))
+    for name, t in state.items():
+        if ON_GRID.match(name):
+            rows, cols = t.shape
+            if rows % 64 or cols % 128:
+                raise AssertionError(f"{name} {list(t.shape)} does not satisfy Marlin")
+    lm = {k: v for k, v in state.items() if k.startswith(LM)}
+    towers = {k: v for k, v in state.items() if not k.startswith(LM)}
+    shards = {"model-00001-of-00002.safetensors": lm, "model-00002-of-00002.safetensors": towers}
+    weight_map = {}
+    total = 0
+    for fname, tensors in shards.items():
+        save_file(dict(sorted(tensors.items())), str(tmp / fname), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(tensors, fname))
+        total += sum(t.numel() * t.element_size() for t in tensors.values())
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    gen_cfg = {
+        "bos_token_id": 2,
+        "do_sample": True,
+        "eos_token_id": cfg["eos_token_id"],
+        "pad_token_id": 0,
+        "temperature": 1.0,
+        "top_k": 64,
+        "top_p": 0.95,
+    }
+    (tmp / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2) + "\n")
+    tokenizer.write(tmp, VOCAB, cfg["text_config"]["max_position_embeddings"])
+    return {"tensors": len(state), "on_grid": snapped, "bytes": total}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="make_tiny_qat.py",
+        description="Build a tiny random Gemma 4 in the layout of Google's QAT release (no downloads).",
+    )
+    ap.add_argument("out", type=Path, help="output directory (must not exist unless --force)")
+    ap.add_argument("--seed", type=int, default=0, help="random seed; same seed, same bytes (default 0)")
+    ap.add_argument(
+        "--with-shared-kv",
+        action="store_true",
+        help="also write k_proj/v_proj/k_norm for the KV-shared layers (the QAT export omits them)",
+    )
+    ap.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    args = ap.parse_args(argv)
+    try:
+        stats = build(args.out, args.seed, args.with_shared_kv, args.force)
+    except OutputError as exc:
+        print(f"make_tiny_qat.py: error: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"wrote {args.out}: {stats['tensors']} tensors ({stats['on_grid']} on the Q4_0 grid), "
+        f"{stats['bytes'] / 1e6:.1f} MB",
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
