@@ -163,11 +163,14 @@ def render_markdown(run: dict[str, Any]) -> str:
         ]
         for c in bench["cells"]:
             med = c.get("median") or {}
+            dash = "—"
             status = c["status"] if c["status"] == "ok" else f"{c['status']}: {c.get('reason')}"
             out.append(
-                f"| {_fmt(c['input_len'])} | {c['concurrency']} | {_fmt(c['num_prompts'])} | {status} "
-                f"| {_fmt(med.get('output_tok_s'), '', 1)} | {_spread(c, 'output_tok_s')} "
-                f"| {_fmt(med.get('ttft_ms'), '', 0)} | {_spread(c, 'ttft_ms', 0)} | {_fmt(med.get('tpot_ms'), '', 1)} |"
+                f"| {_fmt(c['input_len']).replace('missing', 'not recorded')} | {c['concurrency']} "
+                f"| {_fmt(c['num_prompts'])} | {status} "
+                f"| {_fmt(med.get('output_tok_s'), '', 1).replace('missing', dash)} | {_spread(c, 'output_tok_s')} "
+                f"| {_fmt(med.get('ttft_ms'), '', 0).replace('missing', dash)} | {_spread(c, 'ttft_ms', 0)} "
+                f"| {_fmt(med.get('tpot_ms'), '', 1).replace('missing', dash)} |"
             )
         out.append("")
         d = bench.get("decode")
@@ -181,10 +184,11 @@ def render_markdown(run: dict[str, Any]) -> str:
                 + ("" if d["status"] == "ok" else f" — {d['status']}: {d.get('reason')}"),
                 "",
             ]
-        out += ["![output throughput](throughput.png)", "", "![time to first token](ttft.png)", ""]
+        if has_plots(run):
+            out += ["![output throughput](throughput.png)", "", "![time to first token](ttft.png)", ""]
+    if run.get("accuracy"):
+        out += ["## Accuracy (paired, 95% bootstrap interval)", ""]
     for acc in run.get("accuracy") or []:
-        if not out[-2].startswith("## Accuracy"):
-            out += ["## Accuracy (paired, 95% bootstrap interval)", ""]
         out.append(
             f"- {acc['b']} vs {acc['a']} on {acc['records']:,} records of {_fmt(acc.get('dataset'))}: "
             f"{acc['acc_a']:.1f}% -> {acc['acc_b']:.1f}%, difference {acc['diff']:+.1f} "
@@ -195,6 +199,11 @@ def render_markdown(run: dict[str, Any]) -> str:
 
 def _fmt_signed(v: float | None) -> str:
     return "missing" if v is None else f"{v:+.1f}"
+
+
+def has_plots(run: dict[str, Any]) -> bool:
+    """Whether the run has any measured sweep cell to plot."""
+    return any(c.get("median") for c in ((run.get("bench") or {}).get("cells") or []))
 
 
 def plot(run: dict[str, Any], out_dir: Path) -> list[Path]:
@@ -250,7 +259,9 @@ def write_run(run: dict[str, Any], out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "run.json").write_text(json.dumps(run, indent=2) + "\n")
     (out_dir / "REPORT.md").write_text(render_markdown(run))
-    if run.get("bench"):
+    for stale in PLOTS:
+        (out_dir / stale).unlink(missing_ok=True)
+    if has_plots(run):
         plot(run, out_dir)
     return out_dir
 
