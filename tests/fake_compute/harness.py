@@ -20,21 +20,31 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT / "module_utils") not in ansible.module_utils.__path__:
     ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
 
-_spec = importlib.util.spec_from_file_location("gce_instance_module", ROOT / "library" / "gce_instance.py")
-assert _spec and _spec.loader
-gce_instance = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gce_instance)
+
+def load(name: str) -> Any:
+    """Import library/NAME.py as a Python module."""
+    spec = importlib.util.spec_from_file_location(f"{name}_module", ROOT / "library" / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+MODULES = {"gce_instance": load("gce_instance"), "gce_firewall": load("gce_firewall")}
 
 # Defaults that keep tests fast: tiny backoff, anonymous credentials.
 FAST = {"auth_kind": "anonymous", "retry_initial_delay": 0.01, "retry_deadline": 10, "operation_timeout": 20}
+FAST_FIREWALL = {"auth_kind": "anonymous", "operation_timeout": 20}
 
 
-def run_module(endpoint: str, check: bool = False, diff: bool = False, **params: Any) -> dict[str, Any]:
+def run_module(
+    endpoint: str, check: bool = False, diff: bool = False, module: str = "gce_instance", **params: Any
+) -> dict[str, Any]:
     """Run the module once; returns its JSON result (``failed`` set when it failed)."""
-    args = dict(FAST, api_endpoint=endpoint, **params)
+    args = dict(FAST if module == "gce_instance" else FAST_FIREWALL, api_endpoint=endpoint, **params)
     args["_ansible_check_mode"] = check
     args["_ansible_diff"] = diff
     out = io.StringIO()
     with patch_module_args(args), contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
-        gce_instance.main()
+        MODULES[module].main()
     return json.loads(out.getvalue())

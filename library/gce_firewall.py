@@ -1,0 +1,194 @@
+#!/usr/bin/python
+"""Ansible module: one VPC firewall rule that admits listed source ranges to tagged VMs on one port."""
+
+from __future__ import annotations
+
+# ruff: noqa: E402 - Ansible modules keep DOCUMENTATION/EXAMPLES/RETURN above the imports.
+
+DOCUMENTATION = r"""
+---
+module: gce_firewall
+short_description: Create, update or delete one ingress firewall rule on Compute Engine
+description:
+  - Manages one ingress rule allowing TCP on the given ports from O(source_ranges) to VMs with
+    O(target_tags), with the google-cloud-compute client. Used by gemma-rig to open the vLLM
+    endpoint only when the user asks for it.
+  - Supports check mode (only reads are sent) and diff mode.
+version_added: "0.1.0"
+author: gemma-rig contributors
+requirements:
+  - google-cloud-compute >= 1.56
+options:
+  project:
+    description: Google Cloud project id.
+    type: str
+    required: true
+  name:
+    description: Rule name.
+    type: str
+    required: true
+  state:
+    description: V(present) or V(absent).
+    type: str
+    choices: [present, absent]
+    default: present
+  network:
+    description: VPC network name.
+    type: str
+    default: default
+  ports:
+    description: TCP ports to allow.
+    type: list
+    elements: str
+    default: ["8000"]
+  source_ranges:
+    description: CIDR ranges admitted. Required with O(state=present); V(0.0.0.0/0) is refused.
+    type: list
+    elements: str
+    default: []
+  target_tags:
+    description: Network tags of the VMs the rule applies to.
+    type: list
+    elements: str
+    default: []
+  description:
+    description: Rule description.
+    type: str
+    default: Managed by gemma-rig
+  auth_kind:
+    description: V(application) (ADC), V(serviceaccount) (O(service_account_file)) or V(anonymous) (a local fake API).
+    type: str
+    choices: [application, serviceaccount, anonymous]
+    default: application
+  service_account_file:
+    description: Service-account JSON key file for O(auth_kind=serviceaccount).
+    type: path
+  api_endpoint:
+    description: Compute API endpoint override; C(http://host:port) speaks plain HTTP.
+    type: str
+  operation_timeout:
+    description: Seconds to wait for the operation.
+    type: int
+    default: 300
+"""
+
+EXAMPLES = r"""
+- name: Admit the office to the vLLM endpoint
+  gce_firewall:
+    project: my-project
+    name: gemma-rig-endpoint
+    source_ranges: [203.0.113.0/24]
+    target_tags: [gemma-rig]
+"""
+
+RETURN = r"""
+rule:
+  description: The rule as it stands (name, network, ports, source_ranges, target_tags), null when absent.
+  returned: always
+  type: dict
+"""
+
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.gce_client import (
+    AUTH_ARGUMENT_SPEC,
+    HAS_GOOGLE,
+    IMPORT_ERROR,
+    make_clients,
+    to_dict,
+)
+from ansible.module_utils.gce_errors import GceError, classify_exception, exception_to_error
+from ansible.module_utils.gce_operations import wait
+from ansible.module_utils.gce_retry import make_retry
+
+
+def summarize(rule: dict[str, Any] | None) -> dict[str, Any]:
+    """The compared fields of a rule (REST JSON)."""
+    if not rule:
+        return {}
+    ports = sorted(p for a in rule.get("allowed") or [] for p in a.get("ports") or [])
+    return {
+        "name": rule.get("name"),
+        "network": (rule.get("network") or "").rsplit("/", 1)[-1],
+        "ports": ports,
+        "source_ranges": sorted(rule.get("sourceRanges") or []),
+        "target_tags": sorted(rule.get("targetTags") or []),
+    }
+
+
+def main() -> None:
+    spec = dict(
+        AUTH_ARGUMENT_SPEC,
+        name={"type": "str", "required": True},
+        state={"type": "str", "default": "present", "choices": ["present", "absent"]},
+        network={"type": "str", "default": "default"},
+        ports={"type": "list", "elements": "str", "default": ["8000"]},
+        source_ranges={"type": "list", "elements": "str", "default": []},
+        target_tags={"type": "list", "elements": "str", "default": []},
+        description={"type": "str", "default": "Managed by gemma-rig"},
+        operation_timeout={"type": "int", "default": 300},
+    )
+    module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
+    if not HAS_GOOGLE:
+        module.fail_json(msg=missing_required_lib("google-cloud-compute"), exception=str(IMPORT_ERROR))
+    p = module.params
+    if p["state"] == "present" and not p["source_ranges"]:
+        module.fail_json(msg="source_ranges must list the CIDR ranges to admit")
+    if "0.0.0.0/0" in p["source_ranges"]:
+        module.fail_json(
+            msg="source_ranges 0.0.0.0/0 would open the endpoint to the whole internet; list ranges"
+        )
+    from google.cloud import compute_v1
+
+    clients = make_clients(p["auth_kind"], p["service_account_file"], p["api_endpoint"])
+    retry = make_retry()
+    try:
+        try:
+            current = to_dict(clients.firewalls.get(project=p["project"], firewall=p["name"], retry=retry))
+        except Exception as exc:
+            if classify_exception(exc) != "notfound":
+                raise exception_to_error(exc, p["project"]) from exc
+            current = None
+        before = summarize(current)
+        wanted: dict[str, Any] = {}
+        if p["state"] == "present":
+            wanted = {
+                "name": p["name"],
+                "network": p["network"],
+                "ports": sorted(p["ports"]),
+                "source_ranges": sorted(p["source_ranges"]),
+                "target_tags": sorted(p["target_tags"]),
+            }
+        changed = before != wanted
+        if changed and not module.check_mode:
+            if wanted:
+                resource = compute_v1.Firewall(
+                    name=p["name"],
+                    description=p["description"],
+                    network=f"projects/{p['project']}/global/networks/{p['network']}",
+                    direction="INGRESS",
+                    allowed=[compute_v1.Allowed(I_p_protocol="tcp", ports=wanted["ports"])],
+                    source_ranges=wanted["source_ranges"],
+                    target_tags=wanted["target_tags"],
+                )
+                if current:
+                    op = clients.firewalls.patch_unary(
+                        project=p["project"], firewall=p["name"], firewall_resource=resource, retry=retry
+                    )
+                else:
+                    op = clients.firewalls.insert_unary(
+                        project=p["project"], firewall_resource=resource, retry=retry
+                    )
+            else:
+                op = clients.firewalls.delete_unary(project=p["project"], firewall=p["name"], retry=retry)
+            wait(clients, op, p["project"], None, p["operation_timeout"], retry)
+    except GceError as err:
+        module.fail_json(msg=str(err), error_kind=err.kind)
+    except Exception as exc:
+        module.fail_json(msg=str(exception_to_error(exc, p["project"])))
+    module.exit_json(changed=changed, rule=wanted or None, diff={"before": before, "after": wanted})
+
+
+if __name__ == "__main__":
+    main()
