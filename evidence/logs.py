@@ -34,6 +34,8 @@ _PATTERNS: dict[str, re.Pattern[str]] = {
     "version_engine": re.compile(r"Initializing a V1 LLM engine \(v(\d+\.\d+\.\d+[^)]*)\)"),
     "non_default_args": re.compile(r"non-default args: (\{.*\})\s*$"),
     "aot_loaded": re.compile(r"Directly load AOT compilation"),
+    # The engine's resolved config, not the CLI: vLLM turns prefix caching on unless told otherwise.
+    "prefix_caching": re.compile(r"Initializing a V1 LLM engine .*\benable_prefix_caching=(True|False)\b"),
 }
 
 # Where a new start begins; everything before the last one belongs to an earlier process.
@@ -54,6 +56,7 @@ FIELDS = (
     "linear_kernel",
     "linear_scheme",
     "aot_compile_loaded",
+    "prefix_caching",
 )
 
 
@@ -108,6 +111,8 @@ def parse_log(text: str) -> dict[str, Any]:
             facts["vllm_version"] = m[1]
         if m := _PATTERNS["non_default_args"].search(line):
             facts["non_default_args"] = _parse_args_dict(m[1])
+        if m := _PATTERNS["prefix_caching"].search(line):
+            facts["prefix_caching"] = m[1] == "True"
         if _PATTERNS["aot_loaded"].search(line):
             facts["aot_compile_loaded"] = True
     if kernels:

@@ -77,7 +77,10 @@ def build_run(meta: dict[str, Any], bench: dict[str, Any] | None, journal: str |
         server = bench.get("server") or {}
         run["bench"] = {
             "method": bench["method"],
-            "prefix_caching": server.get("prefix_caching"),
+            # What the client was told, else what the engine logged it resolved to.
+            "prefix_caching": server.get("prefix_caching")
+            if server.get("prefix_caching") is not None
+            else facts["prefix_caching"],
             "max_num_seqs": server.get("max_num_seqs"),
             "max_model_len": server.get("max_model_len"),
             "settings": bench.get("settings") or {},
@@ -87,6 +90,20 @@ def build_run(meta: dict[str, Any], bench: dict[str, Any] | None, journal: str |
     if meta.get("accuracy"):
         run["accuracy"] = meta["accuracy"]
     return run
+
+
+def merge_bench(parts: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """One bench record from several runs of evidence.bench (playbooks/bench.yml runs one per cell).
+
+    Cells keep their order; the decode check comes from whichever part ran it.
+    """
+    if not parts:
+        return None
+    merged = {**parts[0], "cells": [], "decode": None}
+    for part in parts:
+        merged["cells"].extend(part.get("cells") or [])
+        merged["decode"] = part.get("decode") or merged["decode"]
+    return merged
 
 
 def _fmt(v: Any, unit: str = "", digits: int = 2) -> str:
@@ -283,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="merge bench JSON + journal + meta into a run directory")
     b.add_argument("--meta", type=Path, required=True, help="JSON: run_id, date, hardware, software, model")
-    b.add_argument("--bench", type=Path, help="output of evidence.bench")
+    b.add_argument("--bench", type=Path, nargs="*", default=[], help="outputs of evidence.bench (merged)")
     b.add_argument("--journal", type=Path, help="journalctl -u vllm text")
     b.add_argument("--out", type=Path, required=True, help="run directory to write (e.g. evidence/runs/<id>)")
     r = sub.add_parser("render", help="re-render REPORT.md and plots from DIR/run.json")
@@ -300,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
                 if not args.journal.is_file():
                     raise SystemExit(f"error: journal not found: {args.journal}")
                 journal = args.journal.read_text(errors="replace")
-            run = build_run(meta, _load_json(args.bench, "bench"), journal)
+            bench = merge_bench([_load_json(p, "bench") for p in args.bench])
+            run = build_run(meta, bench, journal)
             out = write_run(run, args.out)
         else:
             out = write_run(_load_json(args.dir / "run.json", "run.json"), args.dir)

@@ -30,6 +30,7 @@ def test_t4_journal_lines_with_separators_and_prefixes() -> None:
     assert facts["aot_compile_loaded"] is True
     # The CUDA build reports model loading, not the CPU build's weights-only line.
     assert facts["weights_loading_s"] is None
+    assert facts["prefix_caching"] is None  # FACTS.md gives no engine config line
 
 
 def test_cpu_build_real_excerpt() -> None:
@@ -42,6 +43,7 @@ def test_cpu_build_real_excerpt() -> None:
     assert facts["engine_init_s"] == 0.16
     assert facts["weights_loading_s"] == 0.01
     assert facts["non_default_args"]["kv_cache_memory_bytes"] == 268435456
+    assert facts["prefix_caching"] is False
     # Lines the CPU build does not print stay missing, not zero.
     for field in ("model_loading_gib", "model_loading_s", "compile_s", "linear_kernel", "aot_compile_loaded"):
         assert facts[field] is None, field
@@ -98,3 +100,10 @@ def test_cli_reads_file_and_stdin(repo_root: Path) -> None:
         text=True,
     )
     assert bad.returncode == 2 and "not found" in bad.stderr
+
+
+def test_prefix_caching_is_the_engines_resolved_setting() -> None:
+    line = "(EngineCore pid=1) INFO [core.py:123] Initializing a V1 LLM engine (v0.29.0) with config: a=1, "
+    assert parse_log(line + "enable_prefix_caching=True, b=2")["prefix_caching"] is True
+    assert parse_log(line + "enable_prefix_caching=False, b=2")["prefix_caching"] is False
+    assert parse_log("enable_prefix_caching=True")["prefix_caching"] is None  # not the engine's line

@@ -15,7 +15,7 @@ from evidence import RUNS_DIR
 from evidence.index import load_runs, render_index
 from evidence.index import main as index_main
 from evidence.reference import t4_runs, tpu_runs
-from evidence.report import RunInvalid, build_run, render_markdown, validate, write_run
+from evidence.report import RunInvalid, build_run, merge_bench, render_markdown, validate, write_run
 
 FIX = Path(__file__).parent / "evidence_fixtures"
 FACTS = Path("/work/shared/FACTS.md")
@@ -182,3 +182,12 @@ def test_index_detects_stale_and_invalid(tmp_path: Path, run: dict) -> None:
     (tmp_path / "runs" / "cpu-tiny" / "run.json").write_text(json.dumps({**run, "run_id": "other"}))
     with pytest.raises(RunInvalid, match="differs from its folder"):
         load_runs(tmp_path / "runs")
+
+
+def test_merge_bench_keeps_cells_in_order_and_the_decode() -> None:
+    whole = json.loads((FIX / "cpu_tiny_bench.json").read_text())
+    parts = [{**whole, "cells": [c], "decode": None} for c in whole["cells"]]
+    parts.append({**whole, "cells": [], "decode": whole["decode"]})
+    merged = merge_bench(parts)
+    assert merged["cells"] == whole["cells"] and merged["decode"] == whole["decode"]
+    assert merge_bench([]) is None
