@@ -99,6 +99,8 @@ options:
     description:
       - The data disk (models, caches, swap). Reused by name when a disk of that name exists in one
         of O(zones); else created with the VM, in the same zone.
+      - Its device name is always O(name) + C(-data), so the VM sees it as
+        C(/dev/disk/by-id/google-NAME-data) whatever the disk is called.
     type: dict
     default: {}
     suboptions:

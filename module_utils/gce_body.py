@@ -47,7 +47,9 @@ def data_disk(params: dict[str, Any], zone: str, existing: dict[str, Any] | None
     out: dict[str, Any] = {
         "boot": False,
         "autoDelete": bool(spec.get("auto_delete", False)),
-        "deviceName": name,
+        # Fixed whatever the disk is called: the rig finds it as /dev/disk/by-id/google-<instance>-data
+        # (inventory/group_vars/gce.yml).
+        "deviceName": f"{params['name']}-data",
     }
     if existing:
         out["source"] = f"projects/{params['project']}/zones/{zone}/disks/{name}"

@@ -89,6 +89,7 @@ def test_insert_body_is_a_t4_host(fake: FakeComputeServer) -> None:
         "pd-ssd"
     )
     assert data["autoDelete"] is False and data["initializeParams"]["diskSizeGb"] == "250"
+    assert data["deviceName"] == "rig1-data"  # the rig mounts /dev/disk/by-id/google-rig1-data
     assert data["initializeParams"]["diskType"].endswith("pd-balanced")
     assert {"key": "ssh-keys", "value": "rig:ssh-ed25519 AAAA k"} in body["metadata"]["items"]
     assert body["labels"] == {"app": "gemma-rig"} and body["tags"]["items"] == ["rig"]
@@ -267,3 +268,11 @@ def test_ansible_doc_renders() -> None:
     doc = json.loads(result.stdout)["gce_instance"]
     assert {"zones", "api_endpoint", "allow_stop", "provisioning_model"} <= set(doc["doc"]["options"])
     assert "zones_tried" in doc["return"] and "gce_instance:" in doc["examples"]
+
+
+def test_custom_data_disk_name_keeps_the_device_name(fake: FakeComputeServer) -> None:
+    fake.api.add_disk("proj", "us-central1-a", "models-disk")
+    result = run_module(fake.endpoint, data_disk={"name": "models-disk"}, **BASE)
+    data = _inserts(fake)[0]["body"]["disks"][1]
+    assert data["source"].endswith("/disks/models-disk") and data["deviceName"] == "rig1-data"
+    assert result["data_disk"]["name"] == "models-disk" and result["data_disk"]["in_use"] is True

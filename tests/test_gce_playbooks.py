@@ -1,0 +1,129 @@
+"""provision_gce.yml and teardown_gce.yml run by ansible-playbook against the fake Compute API."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT, VENV_BIN
+from tests.fake_compute import FakeComputeServer, Faults
+
+# Each test starts ansible-playbook (module start-up imports google-cloud-compute: seconds each).
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeComputeServer]:
+    with FakeComputeServer(Faults(op_delay=0.05, stockout_zones={"us-central1-a"})) as server:
+        yield server
+
+
+@pytest.fixture
+def inventory(tmp_path: Path) -> Path:
+    key = tmp_path / "id_test.pub"
+    key.write_text("ssh-ed25519 AAAAC3NzaTEST rig@test\n")
+    hosts = {
+        "rigs": {
+            "children": {
+                "gce": {
+                    "hosts": {"rig-test": None},
+                    "vars": {
+                        "gce_project": "proj",
+                        "gce_zones": ["us-central1-a", "us-central1-b"],
+                        "gce_ssh_public_key_file": str(key),
+                        # The VM's interpreter: the module tasks must still run on the controller's.
+                        "ansible_python_interpreter": "/usr/bin/python3",
+                    },
+                }
+            }
+        }
+    }
+    path = tmp_path / "gce.yml"
+    path.write_text(yaml.safe_dump(hosts))
+    return path
+
+
+def _play(
+    playbook: str, inventory: Path, fake: FakeComputeServer, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    cmd = [
+        str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), f"playbooks/{playbook}",
+        "-e", f"gce_api_endpoint={fake.endpoint}", "-e", "gce_auth_kind=anonymous",
+        "-e", "gce_ssh_wait_timeout=1", *extra,
+    ]  # fmt: skip
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1")
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False)
+
+
+def test_provision_reaches_the_ssh_wait_with_the_right_body(fake: FakeComputeServer, inventory: Path) -> None:
+    result = _play("provision_gce.yml", inventory, fake)
+    out = result.stdout + result.stderr
+    # The VM's IP is in TEST-NET-3 (unroutable): the play must get as far as waiting for SSH, and fail there.
+    assert result.returncode == 2, out
+    assert "TASK [gce : Wait for SSH on the VM]" in out
+    assert "Timeout when waiting for search string OpenSSH in 203.0.113." in out or "203.0.113." in out
+    inserts = fake.api.requests("POST", "/instances")
+    assert [r["path"].split("/")[6] for r in inserts] == ["us-central1-a", "us-central1-b"]
+    body = inserts[-1]["body"]
+    assert body["name"] == "rig-test"
+    assert body["machineType"] == "zones/us-central1-b/machineTypes/n1-standard-2"
+    assert body["guestAccelerators"][0]["acceleratorType"].endswith("/acceleratorTypes/nvidia-tesla-t4")
+    assert body["scheduling"]["onHostMaintenance"] == "TERMINATE"
+    assert [d["deviceName"] for d in body["disks"]] == ["rig-test", "rig-test-data"]
+    assert body["disks"][1]["autoDelete"] is False
+    assert {"key": "ssh-keys", "value": "rig:ssh-ed25519 AAAAC3NzaTEST rig@test"} in body["metadata"]["items"]
+    assert body["tags"]["items"] == ["gemma-rig"] and body["labels"] == {"app": "gemma-rig"}
+    assert fake.api.firewalls == {} and not fake.api.requests("POST", "/firewalls")  # closed by default
+    assert "zone us-central1-a has no capacity" in out
+
+
+def test_teardown_keeps_the_data_disk_and_says_what_costs(fake: FakeComputeServer, inventory: Path) -> None:
+    _play("provision_gce.yml", inventory, fake)
+    result = _play("teardown_gce.yml", inventory, fake)
+    out = " ".join((result.stdout + result.stderr).split())  # the callback wraps long lines
+    assert result.returncode == 0, out
+    assert "removed: delete instance rig-test in us-central1-b" in out
+    assert (
+        "still costs money: data disk rig-test-data in us-central1-b, 250 GB pd-balanced, about $25.00/month"
+        in out
+    )
+    assert fake.api.instances == {} and list(fake.api.disks) == [("us-central1-b", "rig-test-data")]
+
+    gone = _play("teardown_gce.yml", inventory, fake, "-e", "teardown_delete_data_disk=true")
+    assert gone.returncode == 0, gone.stdout
+    assert "delete data disk rig-test-data" in gone.stdout and fake.api.disks == {}
+    assert "nothing of this rig still costs money" in gone.stdout
+
+
+def test_opening_the_endpoint_needs_key_and_ranges(
+    fake: FakeComputeServer, inventory: Path, tmp_path: Path
+) -> None:
+    refused = _play("provision_gce.yml", inventory, fake, "-e", "gce_open_endpoint=true")
+    assert refused.returncode == 2 and "needs rig_api_key" in " ".join(refused.stdout.split())
+    assert fake.api.log == []  # refused before any request
+
+    secret = "sk-test-0123456789abcdef"
+    vars_file = tmp_path / "vault.yml"  # stands in for an ansible-vault file
+    vars_file.write_text(
+        yaml.safe_dump({"rig_api_key": secret, "gce_endpoint_source_ranges": ["198.51.100.0/24"]})
+    )
+    opened = _play(
+        "provision_gce.yml", inventory, fake, "-e", "gce_open_endpoint=true", "-e", f"@{vars_file}", "-v"
+    )
+    assert "TASK [gce : Wait for SSH on the VM]" in opened.stdout, opened.stdout
+    rule = fake.api.firewalls["rig-test-endpoint"]
+    assert rule["sourceRanges"] == ["198.51.100.0/24"] and rule["targetTags"] == ["gemma-rig"]
+    assert rule["allowed"] == [{"IPProtocol": "tcp", "ports": ["8000"]}]
+    assert secret not in opened.stdout + opened.stderr
+
+
+def test_check_mode_plays_change_nothing(fake: FakeComputeServer, inventory: Path) -> None:
+    result = _play("provision_gce.yml", inventory, fake, "--check", "--diff")
+    assert result.returncode == 0, result.stdout
+    assert fake.api.mutating_requests() == []
+    assert "machine_type" in result.stdout  # the diff shows the planned VM
