@@ -48,3 +48,8 @@ def run_module(
     with patch_module_args(args), contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
         MODULES[module].main()
     return json.loads(out.getvalue())
+
+
+def module_util(name: str) -> Any:
+    """Import the repository's module_utils/NAME.py as Ansible would (ansible.module_utils.NAME)."""
+    return importlib.import_module(f"ansible.module_utils.{name}")

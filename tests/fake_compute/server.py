@@ -1,6 +1,6 @@
 """HTTP front of the fake Compute API: routes the REST paths the client uses onto FakeCompute.
 
-Run standalone for manual use: ``python -m tests.fake_compute.server --port 8089``.
+Run standalone for manual use: ``python -m tests.fake_compute --port 8089``.
 """
 
 from __future__ import annotations

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
 from collections.abc import Iterator
 
 import pytest
 
+from tests.conftest import ROOT, VENV_BIN
 from tests.fake_compute import FakeComputeServer, Faults
 from tests.fake_compute.harness import run_module
 
@@ -46,3 +49,14 @@ def test_refuses_without_ranges_or_with_the_whole_internet(fake: FakeComputeServ
 def test_check_mode_changes_nothing(fake: FakeComputeServer) -> None:
     result = run_module(fake.endpoint, check=True, source_ranges=["203.0.113.0/24"], **RULE)
     assert result["changed"] is True and fake.api.mutating_requests() == []
+
+
+def test_ansible_doc_renders() -> None:
+    result = subprocess.run(
+        [str(VENV_BIN / "ansible-doc"), "-M", "library", "--json", "gce_firewall"],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)["gce_firewall"]
+    assert {"source_ranges", "target_tags", "api_endpoint"} <= set(doc["doc"]["options"])
+    assert "rule" in doc["return"]
