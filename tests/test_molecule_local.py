@@ -1,0 +1,63 @@
+"""The molecule scenario `local`: the whole rig in a Debian 12 systemd container, serving tiny-emb4.
+
+create, prepare (the tiny model on the controller), converge, idempotence (zero changed),
+verify (chat answer, /v1/models, tpu.env, the service's user, hardening score, refusal without
+the clamp), destroy. Prints its wall time.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from tests.conftest import ROOT, VENV_BIN
+
+
+@dataclass
+class ScenarioRun:
+    """The outcome of one `molecule test` run."""
+
+    rc: int
+    output: str
+    seconds: float
+
+    @property
+    def tail(self) -> str:
+        """The end of the output, where a failure is told."""
+        return self.output[-6000:]
+
+
+def run_scenario(name: str, timeout: float = 3300) -> ScenarioRun:
+    """`molecule test -s NAME` from the repository root; the log goes to build/molecule-NAME.log."""
+    log = ROOT / "build" / f"molecule-{name}.log"
+    log.parent.mkdir(exist_ok=True)
+    env = {**os.environ, "ANSIBLE_FORCE_COLOR": "0", "NO_COLOR": "1", "PY_COLORS": "0"}
+    started = time.monotonic()
+    with log.open("w") as out:
+        proc = subprocess.run(
+            [str(VENV_BIN / "molecule"), "test", "-s", name],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=timeout,
+            check=False,
+        )
+    seconds = time.monotonic() - started
+    print(f"\nmolecule test -s {name}: rc={proc.returncode} in {seconds:.0f} s (log: {log})")
+    return ScenarioRun(proc.returncode, log.read_text(errors="replace"), seconds)
+
+
+@pytest.mark.slow
+@pytest.mark.molecule
+@pytest.mark.timeout(3600)
+def test_molecule_local() -> None:
+    """`molecule test -s local` passes end to end."""
+    result = run_scenario("local")
+    assert result.rc == 0, result.tail
+    assert "idempotence" in result.output and "Idempotence completed successfully" in result.output
+    assert "vllm.service exposure" in result.output
