@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Checkpoint manifests: make, compare and verify ``MANIFEST.sha256`` (``sha256sum`` format).
+
+Runs on the controller (to make the manifest of a checkpoint to push) and on the rig (to list the
+files still to send, which is what makes an interrupted push resume, and to verify the result).
+Standard library only: the rig's system Python runs it. Prints one JSON object on stdout;
+progress for large files goes to stderr.
+
+  manifest.py make DIR            write DIR/MANIFEST.sha256 when it differs; print version, files
+  manifest.py need DIR MANIFEST   files of MANIFEST that DIR lacks or holds with another hash
+  manifest.py verify DIR          exit 1 unless every file of DIR/MANIFEST.sha256 matches
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+MANIFEST = "MANIFEST.sha256"
+CHUNK = 8 * 1024 * 1024
+# Files above this size get a progress line on stderr (hashing 3 GB takes a while).
+PROGRESS_BYTES = 512 * 1024 * 1024
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in chunks so multi-GB shards use bounded memory."""
+    digest = hashlib.sha256()
+    size = path.stat().st_size
+    done = 0
+    with path.open("rb") as fh:
+        while chunk := fh.read(CHUNK):
+            digest.update(chunk)
+            done += len(chunk)
+            if size >= PROGRESS_BYTES and done % (CHUNK * 64) == 0:
+                print(f"hashing {path.name}: {done * 100 // size}%", file=sys.stderr, flush=True)
+    return digest.hexdigest()
+
+
+def checkpoint_files(root: Path) -> list[str]:
+    """Relative paths of the files making up a checkpoint: hidden entries and the manifest excluded."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            if name.startswith(".") or (Path(dirpath) == root and name == MANIFEST):
+                continue
+            found.append(str((Path(dirpath) / name).relative_to(root)))
+    return sorted(found)
+
+
+def render(root: Path) -> str:
+    """The manifest text for ``root``: one ``<sha256>  <path>`` line per file, sorted."""
+    return "".join(f"{sha256_file(root / rel)}  {rel}\n" for rel in checkpoint_files(root))
+
+
+def parse(text: str) -> dict[str, str]:
+    """{path: sha256} from a manifest; raises ValueError on a malformed line."""
+    entries = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        digest, sep, rel = line.partition("  ")
+        if not sep or len(digest) != 64 or not rel or rel.startswith("/") or ".." in Path(rel).parts:
+            raise ValueError(f"{MANIFEST} line {number} is malformed: {line!r}")
+        entries[rel] = digest
+    return entries
+
+
+def version(text: str) -> str:
+    """The checkpoint version: a short hash of its manifest."""
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def write_if_changed(path: Path, text: str) -> bool:
+    """Atomically replace ``path`` with ``text`` unless it already holds it."""
+    if path.is_file() and path.read_text() == text:
+        return False
+    fd, tmp = tempfile.mkstemp(prefix=".manifest.", dir=path.parent)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+    return True
+
+
+def need(root: Path, entries: dict[str, str]) -> list[str]:
+    """Paths of ``entries`` that ``root`` lacks or holds with another content."""
+    missing = []
+    for rel, digest in sorted(entries.items()):
+        target = root / rel
+        if not target.is_file() or sha256_file(target) != digest:
+            missing.append(rel)
+    return missing
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    make = sub.add_parser("make", help="write DIR/MANIFEST.sha256 when it differs")
+    make.add_argument("dir", type=Path)
+    nd = sub.add_parser("need", help="list the files of MANIFEST that DIR lacks or holds wrong")
+    nd.add_argument("dir", type=Path)
+    nd.add_argument("manifest", type=Path)
+    ver = sub.add_parser("verify", help="exit 1 unless DIR matches DIR/MANIFEST.sha256")
+    ver.add_argument("dir", type=Path)
+    args = parser.parse_args(argv)
+
+    try:
+        if args.command == "make":
+            if not args.dir.is_dir():
+                raise ValueError(f"checkpoint directory {args.dir} does not exist")
+            files = checkpoint_files(args.dir)
+            if not files:
+                raise ValueError(f"checkpoint directory {args.dir} holds no files")
+            text = render(args.dir)
+            changed = write_if_changed(args.dir / MANIFEST, text)
+            sizes = {rel: (args.dir / rel).stat().st_size for rel in files}
+            result = {
+                "changed": changed,
+                "version": version(text),
+                "files": [{"path": rel, "size": sizes[rel]} for rel in files],
+                "bytes": sum(sizes.values()),
+            }
+        elif args.command == "need":
+            text = args.manifest.read_text()
+            entries = parse(text)
+            missing = need(args.dir, entries) if args.dir.is_dir() else sorted(entries)
+            result = {"version": version(text), "need": missing, "have": len(entries) - len(missing)}
+        else:
+            entries = parse((args.dir / MANIFEST).read_text())
+            bad = need(args.dir, entries)
+            result = {"ok": not bad, "bad": bad, "files": len(entries)}
+            print(json.dumps(result))
+            if bad:
+                print(f"{len(bad)} file(s) do not match {MANIFEST}: {', '.join(bad)}", file=sys.stderr)
+            return 1 if bad else 0
+    except (OSError, ValueError) as exc:
+        print(f"manifest.py {args.command}: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
