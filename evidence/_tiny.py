@@ -8,7 +8,15 @@ on it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 _CORPUS = (
@@ -71,6 +79,48 @@ def build(out: Path, seed: int, layers: int = 4) -> Path:
     model = Gemma4ForCausalLM(cfg).to(torch.bfloat16)
     model.save_pretrained(out)
     return out
+
+
+@contextlib.contextmanager
+def serve(model: Path, name: str, port: int, log: Path, timeout: float = 600.0) -> Iterator[str]:
+    """Run vLLM's CPU build from this interpreter on ``model``, the local rig's way; yield its URL.
+
+    The flags are the local platform's (inventory/group_vars/local.yml): eager, an explicit KV cache
+    size, no prefix cache so benchmark repeats cannot hit it. The log goes to ``log`` so tests can
+    read the real start-up lines.
+    """
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+        "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16",
+        "--max-model-len", "2048", "--max-num-seqs", "4", "--kv-cache-memory-bytes", "268435456",
+        "--enforce-eager", "--no-enable-prefix-caching",
+    ]  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited with {proc.returncode}; see {log}")
+            try:
+                with urllib.request.urlopen(url + "/v1/models", timeout=5):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"vLLM not ready after {timeout:.0f} s; see {log}") from None
+                time.sleep(2)
+        yield url
+    finally:
+        # The server's whole process group: the API server, its engine core and worker.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def main() -> None:

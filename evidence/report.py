@@ -256,6 +256,9 @@ def plot(run: dict[str, Any], out_dir: Path) -> list[Path]:
         if drawn:
             ax.legend()
             ax.set_xscale("log", base=2)
+            ticks = sorted({c["concurrency"] for c in cells})
+            ax.set_xticks(ticks, [str(t) for t in ticks])
+            ax.minorticks_off()
         else:
             ax.text(0.5, 0.5, "no measured cells", ha="center", va="center", transform=ax.transAxes)
         ax.set_xlabel("concurrency")

@@ -1,0 +1,117 @@
+"""The accuracy tool against real vLLM CPU servers on the controller, two different tiny builds.
+
+Same build against itself: exactly zero difference and a zero-width interval. Two builds (same
+architecture, different weights): a difference with a 95% interval around it. Also
+playbooks/accuracy.yml: scoring on a "rig" (the controller, system python3) and the paired
+comparison on the controller.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+
+from evidence import _tiny
+from evidence.mcdata import DEFAULT_OUT
+from tests.ansible_run import run_playbook
+from tests.conftest import ROOT
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+PORTS = (18141, 18142)
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    root = tmp_path_factory.mktemp("accuracy")
+    with ExitStack() as stack:
+        urls = tuple(
+            stack.enter_context(
+                _tiny.serve(_tiny.build(root / name, seed=seed), name, port, root / f"{name}.log")
+            )
+            for name, seed, port in (("tiny-a", 11, PORTS[0]), ("tiny-b", 12, PORTS[1]))
+        )
+        yield urls
+
+
+def _cli(*args: str) -> tuple[dict, str]:
+    out = Path(args[args.index("--out") + 1])
+    proc = subprocess.run(
+        [sys.executable, "-m", "evidence.accuracy", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(out.read_text()), proc.stdout
+
+
+def test_same_build_against_itself_is_exactly_zero(servers, tmp_path: Path, figure) -> None:
+    a, _ = servers
+    res, line = _cli("--a", a, "--b", a, "--data", str(DEFAULT_OUT), "--out", str(tmp_path / "r.json"))
+    assert (res["diff"], res["ci_low"], res["ci_high"]) == (0.0, 0.0, 0.0)
+    assert res["a"] == res["b"] == "tiny-a" and res["records"] == 90
+    assert "difference +0.0 (+0.0 to +0.0)" in line
+    figure("accuracy, tiny-a vs itself", line.strip())
+
+
+def test_two_builds_give_a_difference_with_an_interval(servers, tmp_path: Path, figure) -> None:
+    a, b = servers
+    res, line = _cli("--a", a, "--b", b, "--data", str(DEFAULT_OUT), "--out", str(tmp_path / "r.json"))
+    assert (res["a"], res["b"]) == ("tiny-a", "tiny-b")
+    assert res["ci_low"] <= res["diff"] <= res["ci_high"] and res["ci_low"] < res["ci_high"]
+    assert res["diff"] == pytest.approx(res["acc_b"] - res["acc_a"])
+    assert re.search(r"difference [+-]\d+\.\d \([+-]\d+\.\d to [+-]\d+\.\d\)", line)
+    figure("accuracy, tiny-b vs tiny-a on mc-small", line.strip())
+
+
+def test_scores_are_per_choice_and_differ_between_builds(servers, tmp_path: Path) -> None:
+    a, b = servers
+    sa, _ = _cli("--score", a, "--data", str(DEFAULT_OUT), "--out", str(tmp_path / "a.json"))
+    sb, _ = _cli("--score", b, "--data", str(DEFAULT_OUT), "--out", str(tmp_path / "b.json"))
+    recs = [json.loads(x) for x in DEFAULT_OUT.read_text().splitlines()]
+    assert [len(s) for s in sa["scores"]] == [len(r["choices"]) for r in recs]
+    assert all(v < 0 for s in sa["scores"] for v in s)  # log-probabilities
+    assert sa["scores"] != sb["scores"]
+    # Scoring is deterministic: a second pass over the same build gives the same numbers.
+    again, _ = _cli("--score", a, "--data", str(DEFAULT_OUT), "--out", str(tmp_path / "a2.json"))
+    assert again["scores"] == sa["scores"]
+
+
+def test_accuracy_playbook_scores_on_the_rig_and_compares(servers, tmp_path: Path) -> None:
+    a, b = servers
+    fetch = tmp_path / "acc"
+
+    def inventory(name: str, port: int) -> Path:
+        path = tmp_path / f"{name}.yml"
+        host = {"ansible_connection": "local", "ansible_python_interpreter": "/usr/bin/python3",
+                "rig_model": name, "rig_listen_address": "127.0.0.1", "rig_port": port}  # fmt: skip
+        path.write_text(json.dumps({"rigs": {"hosts": {"ctl": host}}}))
+        return path
+
+    first = run_playbook(
+        "playbooks/accuracy.yml", inventory=inventory("tiny-a", PORTS[0]),
+        extra_vars={"accuracy_fetch_root": str(fetch)}, timeout=900,
+    )  # fmt: skip
+    assert first.rc == 0, first.output[-6000:]
+    assert (fetch / "ctl-tiny-a.json").is_file()
+    second = run_playbook(
+        "playbooks/accuracy.yml", inventory=inventory("tiny-b", PORTS[1]),
+        extra_vars={"accuracy_fetch_root": str(fetch), "accuracy_compare_with": str(fetch / "ctl-tiny-a.json")},
+        timeout=900,
+    )  # fmt: skip
+    assert second.rc == 0, second.output[-6000:]
+    res = json.loads((fetch / "ctl-tiny-b.compare.json").read_text())
+    direct, _ = _cli("--a", a, "--b", b, "--data", str(DEFAULT_OUT), "--out", str(tmp_path / "d.json"))
+    # The playbook's split (score on the rig, compare on the controller) gives the direct result.
+    assert {k: res[k] for k in ("diff", "ci_low", "ci_high", "acc_a", "acc_b")} == {
+        k: direct[k] for k in ("diff", "ci_low", "ci_high", "acc_a", "acc_b")
+    }
+    assert "tiny-b vs tiny-a" in second.output
