@@ -141,7 +141,10 @@ def main() -> None:
         )
     from google.cloud import compute_v1
 
-    clients = make_clients(p["auth_kind"], p["service_account_file"], p["api_endpoint"])
+    try:
+        clients = make_clients(p["auth_kind"], p["service_account_file"], p["api_endpoint"])
+    except ValueError as err:  # credentials: raised before any request
+        module.fail_json(msg=str(err), error_kind="auth")
     retry = make_retry()
     try:
         try:

@@ -704,6 +704,8 @@ def main() -> None:
         result = run(module)
     except GceError as err:
         module.fail_json(msg=str(err), error_kind=err.kind, error_code=err.code, quota=err.quota)
+    except ValueError as err:  # credentials: raised before any request
+        module.fail_json(msg=str(err), error_kind="auth")
     module.exit_json(**result)
 
 

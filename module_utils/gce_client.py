@@ -11,6 +11,7 @@ from typing import Any
 
 try:
     import google.auth
+    import google.auth.exceptions
     from google.api_core.client_options import ClientOptions
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import compute_v1
@@ -56,7 +57,13 @@ def credentials(auth_kind: str, service_account_file: str | None) -> Any:
         if not service_account_file:
             raise ValueError("auth_kind=serviceaccount needs service_account_file")
         return service_account.Credentials.from_service_account_file(service_account_file, scopes=SCOPES)
-    creds, _ = google.auth.default(scopes=SCOPES)
+    try:
+        creds, _ = google.auth.default(scopes=SCOPES)
+    except google.auth.exceptions.DefaultCredentialsError as exc:
+        raise ValueError(
+            "no Google Cloud credentials found: run `gcloud auth application-default login`, set "
+            "GOOGLE_APPLICATION_CREDENTIALS, or use auth_kind=serviceaccount with service_account_file"
+        ) from exc
     return creds
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -276,3 +277,17 @@ def test_custom_data_disk_name_keeps_the_device_name(fake: FakeComputeServer) ->
     data = _inserts(fake)[0]["body"]["disks"][1]
     assert data["source"].endswith("/disks/models-disk") and data["deviceName"] == "rig1-data"
     assert result["data_disk"]["name"] == "models-disk" and result["data_disk"]["in_use"] is True
+
+
+def test_missing_credentials_fail_clearly(
+    fake: FakeComputeServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # No ADC anywhere: an empty home, no key variable, and no metadata server to ask.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    monkeypatch.setenv("NO_GCE_CHECK", "True")  # google-auth's switch to skip the metadata server
+    result = run_module(fake.endpoint, **dict(BASE, auth_kind="application"))
+    assert result["failed"] is True and result["error_kind"] == "auth"
+    assert "application-default login" in result["msg"]
+    assert fake.api.log == []
