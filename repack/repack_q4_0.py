@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Google's Gemma 4 QAT release -> compressed-tensors W4A16, a grid report, or any build in one pass.
+
+python repack/repack_q4_0.py repack SRC OUT            # linears -> W4A16 (towers kept, ignored)
+python repack/repack_q4_0.py check SRC                 # grid report, writes nothing
+python repack/repack_q4_0.py build SRC OUT --target emb4|text|w4a16|w8a8
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from repack import cli, grid
+from repack.st_io import Source
+from repack.steps import EMBED, LINEAR, STEPS, repack
+
+PROG = "repack_q4_0.py"
+
+
+def check(src_dir: Path, quiet: bool) -> int:
+    """Print groups, off-grid groups and worst error per quantizable tensor and in total."""
+    from tqdm import tqdm
+
+    src = Source(src_dir)
+    names = [n for n in sorted(src.tensors) if LINEAR.match(n) or EMBED.match(n)]
+    if not names:
+        raise ValueError(f"{src_dir}: no language-model linears or embedding tables to check")
+    total_groups = total_off = 0
+    worst = 0.0
+    print(f"{'tensor':<72} {'groups':>12} {'off-grid':>9} {'max err':>10} {'err/step':>9}")
+    for name in tqdm(names, desc="check", disable=quiet, file=sys.stderr):
+        info = src.tensors[name]
+        grid.check_group_shape(name, info.shape)
+        step = max(1, (32 << 20) // max(1, info.nbytes // info.shape[0]))
+        g = off = 0
+        err = rel = 0.0
+        for start in range(0, info.shape[0], step):
+            r = grid.recover(src.rows(name, start, start + step))
+            g, off = g + r.groups, off + r.off_grid
+            err, rel = max(err, r.max_abs_error), max(rel, r.max_rel_step_error)
+        total_groups, total_off, worst = total_groups + g, total_off + off, max(worst, err)
+        print(f"{name:<72} {g:>12} {off:>9} {err:>10.3g} {rel:>9.3g}")
+    print(f"{'TOTAL':<72} {total_groups:>12} {total_off:>9} {worst:>10.3g}")
+    if total_off:
+        print(f"{PROG}: {total_off} group(s) fit no Q4_0 grid", file=sys.stderr)
+        return cli.EXIT_OFF_GRID
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog=PROG,
+        description="Recover the Q4_0 grid of Google's Gemma 4 QAT release (bf16 values on a 4-bit grid, "
+        "groups of 32) and write compressed-tensors checkpoints from it, losslessly. Never re-quantizes: "
+        "any group that fits no grid aborts the run with the tensor names, leaving no OUT.",
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser(
+        "repack", help="every language-model linear -> W4A16 pack-quantized (towers kept, ignored)"
+    )
+    cli.add_io(p)
+    p = sub.add_parser("check", help="grid report per tensor and in total; writes nothing")
+    p.add_argument("src", metavar="SRC", type=Path, help="source checkpoint directory")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p = sub.add_parser("build", help="one pass from the QAT source to a served build, reading it once")
+    cli.add_io(p)
+    p.add_argument(
+        "--target",
+        required=True,
+        choices=sorted(STEPS),
+        help="emb4: text-only, int4 embeddings + untied int4 lm_head; text: text-only W4A16; "
+        "w4a16: multimodal W4A16; w8a8: text-only int8",
+    )
+    args = ap.parse_args(argv)
+    if args.cmd == "check":
+        return cli.guarded(PROG, lambda: check(args.src, args.quiet))
+    if args.cmd == "repack":
+        return cli.convert(PROG, args, [repack])
+    return cli.convert(f"{PROG} build --target {args.target}", args, STEPS[args.target])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

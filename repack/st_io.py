@@ -1,0 +1,214 @@
+"""Streaming safetensors I/O: validated reading by tensor or row slice, and a pre-planned writer.
+
+The writer knows every tensor's dtype and shape before the first byte, writes the header once
+and then each tensor's rows at their final offsets, so no output tensor is ever held whole in
+memory (the E2B per-layer table is 4.7 GB).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+DTYPES = {
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+NAMES = {v: k for k, v in DTYPES.items()}
+MAX_HEADER = 100 * 1024 * 1024
+
+
+class CheckpointError(Exception):
+    """A source checkpoint is missing, truncated, corrupt or not a Gemma 4."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lies: shard path, dtype, shape, byte range in the shard's data section."""
+
+    name: str
+    shard: Path
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+
+def read_header(path: Path) -> tuple[dict, int]:
+    """Parse and validate a safetensors header; return (header, data offset). Raises CheckpointError."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise CheckpointError(f"{path}: truncated safetensors file ({size} bytes, no header)")
+            (n,) = struct.unpack("<Q", head)
+            if n > MAX_HEADER or 8 + n > size:
+                raise CheckpointError(f"{path}: corrupt or truncated safetensors header (claims {n} bytes)")
+            header = json.loads(f.read(n))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: unreadable safetensors file: {exc}") from exc
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: corrupt safetensors header")
+    data = 8 + n
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            lo, hi = info["data_offsets"]
+            dtype = DTYPES[info["dtype"]]
+            count = 1
+            for d in info["shape"]:
+                count *= d
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"{path}: corrupt header entry for {name}") from exc
+        if hi - lo != count * torch.tensor([], dtype=dtype).element_size():
+            raise CheckpointError(f"{path}: {name}: byte range does not match dtype and shape")
+        if data + hi > size:
+            raise CheckpointError(
+                f"{path}: truncated: {name} ends at byte {data + hi} but the file has {size} bytes"
+            )
+    return header, data
+
+
+class Source:
+    """A checkpoint directory read tensor by tensor (config.json + one or more safetensors)."""
+
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise CheckpointError(f"{self.path}: not a directory")
+        cfg_path = self.path / "config.json"
+        if not cfg_path.is_file():
+            raise CheckpointError(f"{self.path}: no config.json (not a checkpoint directory?)")
+        try:
+            self.config = json.loads(cfg_path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CheckpointError(f"{cfg_path}: not valid JSON: {exc}") from exc
+        mt = self.config.get("model_type") if isinstance(self.config, dict) else None
+        if mt not in ("gemma4", "gemma4_text"):
+            raise CheckpointError(
+                f"{cfg_path}: model_type {mt!r} is not a Gemma 4 checkpoint (expected 'gemma4' or 'gemma4_text')"
+            )
+        self.shards = self._shard_files()
+        self.tensors: dict[str, TensorInfo] = {}
+        self.headers: dict[Path, tuple[dict, int]] = {}
+        for shard in self.shards:
+            header, data = read_header(shard)
+            self.headers[shard] = (header, data)
+            for name, info in header.items():
+                if name == "__metadata__":
+                    continue
+                lo, hi = info["data_offsets"]
+                self.tensors[name] = TensorInfo(
+                    name, shard, DTYPES[info["dtype"]], tuple(info["shape"]), data + lo, data + hi
+                )
+        self._handles: dict[Path, object] = {}
+
+    def _shard_files(self) -> list[Path]:
+        index = self.path / "model.safetensors.index.json"
+        if index.is_file():
+            try:
+                names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            except (OSError, json.JSONDecodeError, KeyError, AttributeError) as exc:
+                raise CheckpointError(f"{index}: corrupt index: {exc}") from exc
+            files = [self.path / n for n in names]
+            missing = [str(f) for f in files if not f.is_file()]
+            if missing:
+                raise CheckpointError(f"{index} names missing shards: {', '.join(missing)}")
+            return files
+        files = sorted(self.path.glob("*.safetensors"))
+        if not files:
+            raise CheckpointError(f"{self.path}: no .safetensors files")
+        return files
+
+    def _handle(self, shard: Path):
+        if shard not in self._handles:
+            try:
+                self._handles[shard] = safe_open(str(shard), framework="pt")
+            except Exception as exc:
+                raise CheckpointError(f"{shard}: cannot open: {exc}") from exc
+        return self._handles[shard]
+
+    def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows [start, stop) of a tensor (the whole tensor for 0-d and 1-d ones when start == 0)."""
+        info = self.tensors[name]
+        h = self._handle(info.shard)
+        if len(info.shape) < 2:
+            return h.get_tensor(name)
+        return h.get_slice(name)[start:stop]
+
+    def fingerprint(self) -> str:
+        """A cheap identity of the source: config.json and every shard's name, size and header."""
+        import hashlib
+
+        h = hashlib.sha256((self.path / "config.json").read_bytes())
+        for shard in self.shards:
+            header, _ = self.headers[shard]
+            h.update(shard.name.encode())
+            h.update(str(shard.stat().st_size).encode())
+            h.update(json.dumps(header, sort_keys=True).encode())
+        return h.hexdigest()
+
+
+def _nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
+    n = torch.tensor([], dtype=dtype).element_size()
+    for d in shape:
+        n *= d
+    return n
+
+
+class ShardWriter:
+    """Write one safetensors file whose tensors (name, dtype, shape) are known up front."""
+
+    def __init__(self, path: Path, specs: list[tuple[str, torch.dtype, tuple[int, ...]]]):
+        self.path = path
+        header: dict = {"__metadata__": {"format": "pt"}}
+        self.offsets: dict[str, tuple[int, int]] = {}
+        self.row_bytes: dict[str, int] = {}
+        pos = 0
+        for name, dtype, shape in specs:
+            nb = _nbytes(dtype, shape)
+            header[name] = {"dtype": NAMES[dtype], "shape": list(shape), "data_offsets": [pos, pos + nb]}
+            self.offsets[name] = (pos, pos + nb)
+            self.row_bytes[name] = nb // shape[0] if len(shape) >= 1 and shape[0] else nb
+            pos += nb
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)
+        self.data_start = 8 + len(raw)
+        self.size = self.data_start + pos
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.pwrite(self.fd, struct.pack("<Q", len(raw)) + raw, 0)
+        os.ftruncate(self.fd, self.size)
+        self.written = 0
+
+    def write(self, name: str, tensor: torch.Tensor, row: int = 0) -> None:
+        """Write ``tensor`` as rows starting at ``row`` of tensor ``name`` (row 0 for whole tensors)."""
+        lo, hi = self.offsets[name]
+        buf = tensor.contiguous().reshape(-1).view(torch.uint8).numpy()
+        at = lo + row * self.row_bytes[name]
+        if at + buf.nbytes > hi:
+            raise ValueError(f"{name}: write past the end of the tensor")
+        os.pwrite(self.fd, memoryview(buf), self.data_start + at)
+        self.written += buf.nbytes
+
+    def close(self) -> None:
+        os.close(self.fd)

@@ -1,0 +1,187 @@
+"""Bad input gets a clear error naming what is wrong, and leaves nothing behind."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from repack import embed_int4, grid, repack_q4_0, text_only, w8a8_from_qat
+
+SHARD = "model-00001-of-00002.safetensors"
+LM = "model.language_model."
+
+
+def write_micro_qat(out: Path) -> None:
+    """A few-tensor multimodal Gemma 4 in the QAT layout: enough for every converter, built in milliseconds."""
+    out.mkdir(parents=True)
+    gen = torch.Generator().manual_seed(0)
+    lm = {
+        f"{LM}{n}": grid.random_on_grid((64, 128), gen)
+        for n in ("embed_tokens.weight", "embed_tokens_per_layer.weight")
+    }
+    for i in range(2):
+        for p in ("self_attn.q_proj", "self_attn.o_proj", "mlp.down_proj", "mlp.up_proj"):
+            lm[f"{LM}layers.{i}.{p}.weight"] = grid.random_on_grid((64, 128), gen)
+        lm[f"{LM}layers.{i}.self_attn.q_norm.weight"] = torch.ones(32, dtype=torch.bfloat16)
+    lm[f"{LM}layers.0.self_attn.k_norm.weight"] = torch.ones(32, dtype=torch.bfloat16)
+    towers = {
+        "model.vision_tower.encoder.layers.0.mlp.up_proj.linear.weight": torch.randn(64, 48).to(
+            torch.bfloat16
+        )
+    }
+    save_file(lm, out / SHARD, metadata={"format": "pt"})
+    save_file(towers, out / "model-00002-of-00002.safetensors", metadata={"format": "pt"})
+    wm = {**dict.fromkeys(lm, SHARD), **dict.fromkeys(towers, "model-00002-of-00002.safetensors")}
+    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
+    tc = {
+        "model_type": "gemma4_text",
+        "num_hidden_layers": 2,
+        "num_kv_shared_layers": 1,
+        "tie_word_embeddings": True,
+    }
+    cfg = {"model_type": "gemma4", "text_config": tc, "vision_config": {"model_type": "gemma4_vision"}}
+    (out / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.fixture(scope="module")
+def qat(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("err") / "qat"
+    write_micro_qat(out)
+    return out
+
+
+@pytest.fixture
+def copy(qat, tmp_path) -> Path:
+    dst = tmp_path / "src"
+    shutil.copytree(qat, dst)
+    return dst
+
+
+def _digest(d: Path) -> str:
+    h = hashlib.sha256()
+    for f in sorted(d.iterdir()):
+        h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()
+
+
+def _leftovers(parent: Path) -> list[str]:
+    return [p.name for p in parent.iterdir() if ".tmp-" in p.name]
+
+
+def _repack(src: Path, out: Path, *extra: str) -> int:
+    return repack_q4_0.main(["repack", str(src), str(out), "-q", *extra])
+
+
+def test_truncated_shard(copy, tmp_path, capsys):
+    f = copy / SHARD
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    assert _repack(copy, tmp_path / "out") == 2
+    err = capsys.readouterr().err
+    assert "truncated" in err and SHARD in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_corrupt_header(copy, tmp_path, capsys):
+    f = copy / SHARD
+    data = bytearray(f.read_bytes())
+    data[8:16] = b"garbage!"
+    f.write_bytes(bytes(data))
+    assert _repack(copy, tmp_path / "out") == 2
+    assert SHARD in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_absurd_header_length(copy, tmp_path, capsys):
+    f = copy / SHARD
+    data = bytearray(f.read_bytes())
+    data[:8] = struct.pack("<Q", 1 << 40)
+    f.write_bytes(bytes(data))
+    assert _repack(copy, tmp_path / "out") == 2
+    assert "header" in capsys.readouterr().err
+
+
+def test_missing_config(copy, tmp_path, capsys):
+    (copy / "config.json").unlink()
+    assert _repack(copy, tmp_path / "out") == 2
+    assert "no config.json" in capsys.readouterr().err
+
+
+def test_foreign_config(copy, tmp_path, capsys):
+    (copy / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    assert _repack(copy, tmp_path / "out") == 2
+    err = capsys.readouterr().err
+    assert "'llama'" in err and "Gemma 4" in err
+
+
+def test_wrong_shape_for_group_size(copy, tmp_path, capsys):
+    t = load_file(copy / SHARD)
+    name = "model.language_model.layers.0.mlp.up_proj.weight"
+    t[name] = torch.cat([t[name], t[name][:, :16]], dim=1).contiguous()  # 144 = 4.5 groups
+    save_file(t, copy / SHARD, metadata={"format": "pt"})
+    assert _repack(copy, tmp_path / "out") == 2
+    err = capsys.readouterr().err
+    assert name in err and "group size 32" in err
+    assert not (tmp_path / "out").exists() and not _leftovers(tmp_path)
+
+
+def test_unwritable_out(qat, capsys):
+    assert _repack(qat, Path("/proc/gemma-rig-repack-out")) == 2
+    assert "cannot write" in capsys.readouterr().err
+    assert _repack(qat, Path("/nonexistent-dir/sub/out")) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_existing_out_needs_force(qat, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep").write_text("x")
+    assert _repack(qat, out) == 2
+    assert "--force" in capsys.readouterr().err
+    assert (out / "keep").exists()
+    assert _repack(qat, out, "--force") == 0
+    assert not (out / "keep").exists() and (out / "config.json").exists()
+
+
+def test_off_grid_input_aborts_names_tensors_and_leaves_no_out(copy, tmp_path, capsys):
+    t = load_file(copy / SHARD)
+    bad = [
+        "model.language_model.layers.0.self_attn.q_proj.weight",
+        "model.language_model.layers.1.mlp.down_proj.weight",
+    ]
+    for i, name in enumerate(bad):
+        w = t[name].float()
+        w[0, : 32 * (i + 1) : 32] += 0.00071  # i + 1 groups off the grid
+        t[name] = w.to(torch.bfloat16)
+    save_file(t, copy / SHARD, metadata={"format": "pt"})
+    before = _digest(copy)
+    for run in (
+        lambda: _repack(copy, tmp_path / "out"),
+        lambda: repack_q4_0.main(["build", str(copy), str(tmp_path / "out"), "--target", "emb4", "-q"]),
+        lambda: repack_q4_0.main(["check", str(copy), "-q"]),
+    ):
+        assert run() == 3
+        captured = capsys.readouterr()
+        text = captured.err + captured.out
+        assert bad[0] in text and bad[1] in text
+        assert not (tmp_path / "out").exists() and not _leftovers(tmp_path)
+    assert _digest(copy) == before  # the source is never modified
+
+
+def test_step_tools_refuse_bad_input(qat, tmp_path, capsys):
+    # w8a8 wants a QAT source: a quantized input is refused.
+    assert _repack(qat, tmp_path / "w4") == 0
+    assert w8a8_from_qat.main([str(tmp_path / "w4"), str(tmp_path / "x"), "-q"]) == 2
+    assert "already quantized" in capsys.readouterr().err
+    # embed_int4 twice: the tables are already int4.
+    assert text_only.main([str(tmp_path / "w4"), str(tmp_path / "t"), "-q"]) == 0
+    assert embed_int4.main([str(tmp_path / "t"), str(tmp_path / "e"), "--embed-tokens", "-q"]) == 0
+    assert embed_int4.main([str(tmp_path / "e"), str(tmp_path / "e2"), "-q"]) == 2
+    assert "embed_tokens_per_layer" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists() and not (tmp_path / "e2").exists()
