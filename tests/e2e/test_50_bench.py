@@ -1,0 +1,89 @@
+"""bench.yml and accuracy.yml against the local rig that site.yml stood up (reduced grid).
+
+The same playbooks run on a gce rig with the full grid; here the grid is cut so the test takes
+minutes on two CPU cores, and includes cells the rig cannot run (concurrency above its
+max-num-seqs 4, input above its max-model-len 2048) to prove they are recorded, not dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from evidence.mcdata import DEFAULT_OUT
+from evidence.report import validate
+from tests.ansible_run import run_playbook
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+GRID = {
+    "bench_input_lens": [128, 4096],
+    "bench_concurrency": [1, 2, 8],
+    "bench_output_len": 16,
+    "bench_repeats": 2,
+    "bench_decode_runs": 3,
+    "bench_decode_output_len": 32,
+    "bench_decode_input_len": 64,
+}
+
+
+def test_bench_on_the_local_rig_records_a_run(local_rig, tmp_path: Path, figure) -> None:
+    runs = tmp_path / "runs"
+    run = run_playbook(
+        "playbooks/bench.yml",
+        extra_vars={**GRID, "bench_run_id": "local-e2e", "bench_runs_dir": str(runs),
+                    "bench_fetch_root": str(tmp_path / "fetched"), "bench_update_index": False},
+        timeout=1800,
+    )  # fmt: skip
+    assert run.rc == 0, run.output[-6000:]
+    figure("bench.yml, reduced grid on the local rig", f"{run.seconds:.0f} s")
+    assert "cell 6/6: input 4096, concurrency 8" in run.output
+    out = runs / "local-e2e"
+    rec = json.loads((out / "run.json").read_text())
+    validate(rec)
+    assert rec["hardware"]["platform"] == "local" and rec["model"]["key"] == local_rig.model
+    assert rec["provenance"]["kind"] == "measured"
+    # From the unit's journal (this start only): version, KV cache, the tiny model's settings.
+    assert rec["software"]["vllm_version"] == "0.29.0"
+    assert rec["memory"]["kv_cache_tokens"] > 0
+    assert rec["software"]["non_default_args"]["max_num_seqs"] == 4
+    assert rec["software"]["server_settings"]["RIG_MAX_NUM_SEQS"] == "4"
+    assert rec["bench"]["prefix_caching"] in (True, False)  # the engine's resolved setting, read from the log
+    cells = {(c["input_len"], c["concurrency"]): c for c in rec["bench"]["cells"]}
+    assert len(cells) == 6
+    assert cells[(128, 1)]["status"] == "ok" and cells[(128, 2)]["status"] == "ok"
+    assert cells[(128, 8)]["status"] == "infeasible"
+    assert all(cells[(4096, c)]["status"] == "infeasible" for c in (1, 2, 8))
+    assert rec["bench"]["decode"]["status"] == "ok"
+    assert "infeasible" in (out / "REPORT.md").read_text()
+    for png in ("throughput.png", "ttft.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    figure(
+        "local rig, tiny-emb4, c=1 input 128",
+        f"{cells[(128, 1)]['median']['output_tok_s']:.1f} output tok/s, "
+        f"TTFT {cells[(128, 1)]['median']['ttft_ms']:.0f} ms",
+    )
+
+
+def test_accuracy_on_the_local_rig_against_itself_is_zero(local_rig, tmp_path: Path, figure) -> None:
+    fetch = tmp_path / "acc"
+    first = run_playbook(
+        "playbooks/accuracy.yml", extra_vars={"accuracy_fetch_root": str(fetch)}, timeout=1800
+    )
+    assert first.rc == 0, first.output[-6000:]
+    scores = fetch / f"rig-local-{local_rig.model}.json"
+    data = json.loads(scores.read_text())
+    assert len(data["scores"]) == len(DEFAULT_OUT.read_text().splitlines())
+    kept = tmp_path / "first.json"
+    kept.write_text(scores.read_text())
+    again = run_playbook(
+        "playbooks/accuracy.yml",
+        extra_vars={"accuracy_fetch_root": str(fetch), "accuracy_compare_with": str(kept)},
+        timeout=1800,
+    )
+    assert again.rc == 0, again.output[-6000:]
+    res = json.loads((fetch / f"rig-local-{local_rig.model}.compare.json").read_text())
+    assert (res["diff"], res["ci_low"], res["ci_high"]) == (0.0, 0.0, 0.0)
+    figure("accuracy, local rig build against itself", f"{res['acc_a']:.1f}% both, +0.0 (+0.0 to +0.0)")
