@@ -1,0 +1,94 @@
+"""roles/checkpoint's push, run by real ansible-playbook on this machine: check mode and diff.
+
+The molecule scenario `config` covers the push over the podman connection (resume, keep,
+switch); this covers what it cannot: --check on a fresh rig and on a converged one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT, VENV_BIN
+
+pytestmark = pytest.mark.slow  # several ansible-playbook runs
+
+
+def converge(tmp: Path, *args: str) -> tuple[int, list[dict[str, Any]], str]:
+    play = tmp / "play.yml"
+    play.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "hosts": "localhost",
+                    "gather_facts": False,
+                    "roles": ["checkpoint"],
+                    "handlers": [
+                        {
+                            "name": "Stand-in restart",
+                            "ansible.builtin.debug": {"msg": "restart"},
+                            "listen": "restart vllm",
+                        }
+                    ],
+                }
+            ]
+        )
+    )
+    evars = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": str(VENV_BIN / "python"),
+        "rig_model": "tiny-emb4",
+        "checkpoint_models_dir": str(tmp / "models"),
+        "checkpoint_source_dir": str(tmp / "src"),
+        "checkpoint_group": "root",
+    }
+    env = {
+        **os.environ,
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
+        "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.json",
+    }
+    cmd = [
+        str(VENV_BIN / "ansible-playbook"),
+        "-i",
+        str(ROOT / "inventory" / "local.yml"),
+        "-i",
+        "localhost,",
+    ]
+    cmd += ["-e", json.dumps(evars), *args, str(play)]
+    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=600)
+    tasks = [t["hosts"].get("localhost", {}) for p in json.loads(res.stdout)["plays"] for t in p["tasks"]]
+    return res.returncode, tasks, res.stdout + res.stderr
+
+
+def test_check_mode_on_fresh_and_converged_rig(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "config.json").write_text("{}")
+    (src / "model.safetensors").write_bytes(b"\x01" * 100000)
+    (src / "sub" / "tokenizer.json").write_text("{}")
+
+    rc, tasks, out = converge(tmp_path, "--check", "--diff")
+    assert rc == 0, out[-5000:]
+    assert any(t.get("changed") for t in tasks)  # it says what it would do ...
+    assert not (tmp_path / "models").exists()  # ... and does nothing on the rig
+
+    rc, _, out = converge(tmp_path)
+    assert rc == 0, out[-5000:]
+    assert (tmp_path / "models" / "current" / "model.safetensors").read_bytes() == b"\x01" * 100000
+
+    rc, tasks, out = converge(tmp_path, "--check")
+    assert rc == 0, out[-5000:]
+    assert [t for t in tasks if t.get("changed")] == []
+
+
+def test_missing_source_fails_with_a_hint(tmp_path: Path) -> None:
+    rc, _, out = converge(tmp_path)
+    assert rc != 0
+    assert "holds no checkpoint" in out and "playbooks/checkpoint.yml" in out
+    assert not (tmp_path / "models" / "current").exists()
