@@ -52,7 +52,7 @@ def _play(
     playbook: str, inventory: Path, fake: FakeComputeServer, *extra: str
 ) -> subprocess.CompletedProcess[str]:
     cmd = [
-        str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), f"playbooks/{playbook}",
+        str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), playbook,
         "-e", f"gce_api_endpoint={fake.endpoint}", "-e", "gce_auth_kind=anonymous",
         "-e", "gce_ssh_wait_timeout=1", *extra,
     ]  # fmt: skip
@@ -61,7 +61,7 @@ def _play(
 
 
 def test_provision_reaches_the_ssh_wait_with_the_right_body(fake: FakeComputeServer, inventory: Path) -> None:
-    result = _play("provision_gce.yml", inventory, fake)
+    result = _play("playbooks/provision_gce.yml", inventory, fake)
     out = result.stdout + result.stderr
     # The VM's IP is in TEST-NET-3 (unroutable): the play must get as far as waiting for SSH, and fail there.
     assert result.returncode == 2, out
@@ -83,8 +83,8 @@ def test_provision_reaches_the_ssh_wait_with_the_right_body(fake: FakeComputeSer
 
 
 def test_teardown_keeps_the_data_disk_and_says_what_costs(fake: FakeComputeServer, inventory: Path) -> None:
-    _play("provision_gce.yml", inventory, fake)
-    result = _play("teardown_gce.yml", inventory, fake)
+    _play("playbooks/provision_gce.yml", inventory, fake)
+    result = _play("playbooks/teardown_gce.yml", inventory, fake)
     out = " ".join((result.stdout + result.stderr).split())  # the callback wraps long lines
     assert result.returncode == 0, out
     assert "removed: delete instance rig-test in us-central1-b" in out
@@ -94,7 +94,7 @@ def test_teardown_keeps_the_data_disk_and_says_what_costs(fake: FakeComputeServe
     )
     assert fake.api.instances == {} and list(fake.api.disks) == [("us-central1-b", "rig-test-data")]
 
-    gone = _play("teardown_gce.yml", inventory, fake, "-e", "teardown_delete_data_disk=true")
+    gone = _play("playbooks/teardown_gce.yml", inventory, fake, "-e", "teardown_delete_data_disk=true")
     assert gone.returncode == 0, gone.stdout
     assert "delete data disk rig-test-data" in gone.stdout and fake.api.disks == {}
     assert "nothing of this rig still costs money" in gone.stdout
@@ -103,7 +103,7 @@ def test_teardown_keeps_the_data_disk_and_says_what_costs(fake: FakeComputeServe
 def test_opening_the_endpoint_needs_key_and_ranges(
     fake: FakeComputeServer, inventory: Path, tmp_path: Path
 ) -> None:
-    refused = _play("provision_gce.yml", inventory, fake, "-e", "gce_open_endpoint=true")
+    refused = _play("playbooks/provision_gce.yml", inventory, fake, "-e", "gce_open_endpoint=true")
     assert refused.returncode == 2 and "needs rig_api_key" in " ".join(refused.stdout.split())
     assert fake.api.log == []  # refused before any request
 
@@ -113,7 +113,14 @@ def test_opening_the_endpoint_needs_key_and_ranges(
         yaml.safe_dump({"rig_api_key": secret, "gce_endpoint_source_ranges": ["198.51.100.0/24"]})
     )
     opened = _play(
-        "provision_gce.yml", inventory, fake, "-e", "gce_open_endpoint=true", "-e", f"@{vars_file}", "-v"
+        "playbooks/provision_gce.yml",
+        inventory,
+        fake,
+        "-e",
+        "gce_open_endpoint=true",
+        "-e",
+        f"@{vars_file}",
+        "-v",
     )
     assert "TASK [gce : Wait for SSH on the VM]" in opened.stdout, opened.stdout
     rule = fake.api.firewalls["rig-test-endpoint"]
@@ -123,7 +130,19 @@ def test_opening_the_endpoint_needs_key_and_ranges(
 
 
 def test_check_mode_plays_change_nothing(fake: FakeComputeServer, inventory: Path) -> None:
-    result = _play("provision_gce.yml", inventory, fake, "--check", "--diff")
+    result = _play("playbooks/provision_gce.yml", inventory, fake, "--check", "--diff")
     assert result.returncode == 0, result.stdout
     assert fake.api.mutating_requests() == []
     assert "machine_type" in result.stdout  # the diff shows the planned VM
+
+
+def test_site_yml_for_gce_provisions_then_waits_for_ssh(fake: FakeComputeServer, inventory: Path) -> None:
+    """The product entry point, not only the provisioning playbook, goes from nothing to the SSH wait."""
+    result = _play("site.yml", inventory, fake)
+    out = result.stdout + result.stderr
+    assert result.returncode == 2, out
+    assert "TASK [gce : Wait for SSH on the VM]" in out
+    assert "TASK [rig_host" not in out  # nothing is configured on a VM that SSH never reached
+    body = fake.api.requests("POST", "/instances")[-1]["body"]
+    assert body["name"] == "rig-test"
+    assert body["guestAccelerators"][0]["acceleratorType"].endswith("/acceleratorTypes/nvidia-tesla-t4")
