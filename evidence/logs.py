@@ -29,11 +29,15 @@ _PATTERNS: dict[str, re.Pattern[str]] = {
     "engine_init": re.compile(rf"init engine \(profile, create kv cache, warmup model\) took {_NUM} s"),
     "compile_in_init": re.compile(rf"\(compilation: {_NUM} s\)"),
     "torch_compile": re.compile(rf"torch\.compile takes {_NUM} s in total"),
-    "linear_kernel": re.compile(r"Using (\w+) for (\w+)"),
+    # CUDA W4A16: "Using MarlinLinearKernel for CompressedTensorsWNA16"; CPU W8A8 (kernel chooser):
+    # "Selected CPUInt8ScaledMMLinearKernel for CompressedTensorsW8A8Int8".
+    "linear_kernel": re.compile(r"(?:Using|Selected) (\w+) for (\w+)"),
     "version_banner": re.compile(r"█\s+version (\d+\.\d+\.\d+\S*)"),
     "version_engine": re.compile(r"Initializing a V1 LLM engine \(v(\d+\.\d+\.\d+[^)]*)\)"),
     "non_default_args": re.compile(r"non-default args: (\{.*\})\s*$"),
     "aot_loaded": re.compile(r"Directly load AOT compilation"),
+    # A cold start compiles and saves; a warm one loads (FACTS.md: the KV pool differs between them).
+    "aot_saved": re.compile(r"saved AOT compiled function"),
     # The engine's resolved config, not the CLI: vLLM turns prefix caching on unless told otherwise.
     "prefix_caching": re.compile(r"Initializing a V1 LLM engine .*\benable_prefix_caching=(True|False)\b"),
 }
@@ -115,6 +119,8 @@ def parse_log(text: str) -> dict[str, Any]:
             facts["prefix_caching"] = m[1] == "True"
         if _PATTERNS["aot_loaded"].search(line):
             facts["aot_compile_loaded"] = True
+        elif _PATTERNS["aot_saved"].search(line) and facts["aot_compile_loaded"] is None:
+            facts["aot_compile_loaded"] = False
     if kernels:
         # The first kernel line is the one the model's linears got; later ones repeat it.
         facts["linear_kernel"], facts["linear_scheme"] = kernels[0]

@@ -107,3 +107,24 @@ def test_prefix_caching_is_the_engines_resolved_setting() -> None:
     assert parse_log(line + "enable_prefix_caching=True, b=2")["prefix_caching"] is True
     assert parse_log(line + "enable_prefix_caching=False, b=2")["prefix_caching"] is False
     assert parse_log("enable_prefix_caching=True")["prefix_caching"] is None  # not the engine's line
+
+
+def test_cpu_build_quantized_cold_start() -> None:
+    facts = parse_log((FIX / "cpu_tiny_w8a8_cold.log").read_text())
+    # The CPU build's kernel chooser says "Selected ... for ...", not the CUDA scheme's "Using".
+    assert facts["linear_kernel"] == "CPUInt8ScaledMMLinearKernel"
+    assert facts["linear_scheme"] == "CompressedTensorsW8A8Int8"
+    assert facts["aot_compile_loaded"] is False  # compiled and saved: a cold start
+    assert facts["engine_init_s"] == 100.00
+    assert facts["weights_loading_s"] == 0.03
+    assert facts["compile_s"] is None  # this build prints no compile time
+    assert facts["prefix_caching"] is True  # not disabled on that server: vLLM's default
+    assert "enforce_eager" not in facts["non_default_args"]
+
+
+def test_cpu_build_restart_reports_the_second_start() -> None:
+    facts = parse_log((FIX / "cpu_tiny_w8a8_restart.log").read_text())
+    assert facts["engine_init_s"] == 60.53 and facts["weights_loading_s"] == 0.05
+    # Its AOT cache failed to load, so it compiled again: still not a warm start.
+    assert facts["aot_compile_loaded"] is False
+    assert facts["linear_kernel"] == "CPUInt8ScaledMMLinearKernel"
