@@ -42,6 +42,10 @@ _PATTERNS: dict[str, re.Pattern[str]] = {
     "prefix_caching": re.compile(r"Initializing a V1 LLM engine .*\benable_prefix_caching=(True|False)\b"),
 }
 
+# vLLM's own timestamp ("INFO 11-29 21:51:19 [file.py:N]"), present on the CUDA and CPU builds alike.
+_STAMP = re.compile(r"(?:INFO|WARNING|DEBUG|ERROR) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) \[")
+_READY = re.compile(r"Starting vLLM server on ")
+
 # Where a new start begins; everything before the last one belongs to an earlier process.
 _START = re.compile(r"non-default args: \{")
 
@@ -61,6 +65,7 @@ FIELDS = (
     "linear_scheme",
     "aot_compile_loaded",
     "prefix_caching",
+    "server_start_s",
 )
 
 
@@ -70,6 +75,12 @@ def _num(text: str) -> float:
 
 def _int(text: str) -> int:
     return int(text.replace(",", ""))
+
+
+def _seconds(m: re.Match[str]) -> int:
+    """Seconds since the start of the year-less month/day stamp (a start never spans New Year)."""
+    month, day, h, mi, sec = (int(x) for x in m.groups())
+    return ((month * 31 + day) * 24 + h) * 3600 + mi * 60 + sec
 
 
 def _last_start(lines: list[str]) -> list[str]:
@@ -89,7 +100,14 @@ def parse_log(text: str) -> dict[str, Any]:
     """Return the start-up facts of the last vLLM start in ``text``, each ``None`` where absent."""
     facts: dict[str, Any] = dict.fromkeys(FIELDS)
     kernels: list[tuple[str, str]] = []
+    first_stamp: int | None = None
     for line in _last_start(text.splitlines()):
+        stamp = _STAMP.search(line)
+        if stamp and first_stamp is None:
+            first_stamp = _seconds(stamp)
+        if stamp and first_stamp is not None and _READY.search(line):
+            # From vLLM's first config line to the API server listening: whole seconds only.
+            facts["server_start_s"] = float(_seconds(stamp) - first_stamp)
         if m := _PATTERNS["model_loading"].search(line):
             facts["model_loading_gib"], facts["model_loading_s"] = _num(m[1]), _num(m[2])
         if m := _PATTERNS["weights_loading"].search(line):

@@ -68,6 +68,7 @@ def build_run(meta: dict[str, Any], bench: dict[str, Any] | None, journal: str |
                 "linear_kernel",
                 "linear_scheme",
                 "aot_compile_loaded",
+                "server_start_s",
             )
         },
         "bench": None,
@@ -158,6 +159,7 @@ def render_markdown(run: dict[str, Any]) -> str:
         f"{_fmt(mem.get('max_concurrency_tokens_per_request'))} tokens per request |",
         f"| engine init | {_fmt(st['engine_init_s'], ' s')} (compilation {_fmt(st['compile_s'], ' s')}) |",
         f"| AOT compile cache loaded | {_fmt(st.get('aot_compile_loaded'))} |",
+        f"| vLLM start (config line to listening) | {_fmt(st.get('server_start_s'), ' s', 0)} |",
         f"| time to healthy | {_fmt(st.get('time_to_healthy_s'), ' s', 0)} |",
         f"| linear kernel | {_fmt(st['linear_kernel'])} ({_fmt(st.get('linear_scheme'))}) |",
         "",

@@ -128,3 +128,13 @@ def test_cpu_build_restart_reports_the_second_start() -> None:
     # Its AOT cache failed to load, so it compiled again: still not a warm start.
     assert facts["aot_compile_loaded"] is False
     assert facts["linear_kernel"] == "CPUInt8ScaledMMLinearKernel"
+
+
+def test_server_start_time_from_vllms_own_timestamps() -> None:
+    # 21:51:19 (non-default args) to 21:51:43 (Starting vLLM server): eager tiny model.
+    assert parse_log((FIX / "cpu_tiny_eager.log").read_text())["server_start_s"] == 24.0
+    # Compiled cold start, 22:12:40 to 22:15:29; the restart is timed from its own first line.
+    assert parse_log((FIX / "cpu_tiny_w8a8_cold.log").read_text())["server_start_s"] == 169.0
+    assert parse_log((FIX / "cpu_tiny_w8a8_restart.log").read_text())["server_start_s"] == 129.0
+    # Not listening yet (or the line is absent): missing, not zero.
+    assert parse_log((FIX / "t4_emb4_journal.log").read_text())["server_start_s"] is None
