@@ -196,3 +196,30 @@ def test_bad_input_fails_naming_variable(tmp_path: Path, var: str, value: Any, n
     assert rc != 0
     assert needle in out
     assert rig.env_file.read_bytes() == before
+
+
+KEY = "sk-test-0123456789abcdef"
+
+
+def test_open_endpoint_listens_everywhere_with_key_never_logged(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, platform="gce")
+    rc, _, out = rig.run("--diff", rig_endpoint_open=True, rig_api_key=KEY)
+    assert rc == 0, out
+    env = parse_env(rig.env_file.read_text())
+    assert env["RIG_HOST"] == "0.0.0.0"
+    assert env["VLLM_API_KEY"] == KEY
+    assert KEY not in out
+    # A change with the key in place keeps it out of the output too (diff, .prev copy).
+    rc, _, out = rig.run("--diff", rig_endpoint_open=True, rig_api_key=KEY, rig_config_max_num_seqs=4)
+    assert rc == 0, out
+    assert KEY not in out
+    assert parse_env((tmp_path / "etc" / "tpu.env.prev").read_text())["VLLM_API_KEY"] == KEY
+
+
+@pytest.mark.parametrize("key", ["", "short"])
+def test_open_endpoint_without_a_good_key_is_refused(tmp_path: Path, key: str) -> None:
+    rig = Rig(tmp_path, platform="gce")
+    rc, _, out = rig.run(rig_endpoint_open=True, rig_api_key=key)
+    assert rc != 0
+    assert "rig_config_api_key (from rig_api_key" in out
+    assert not rig.env_file.exists()
