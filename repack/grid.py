@@ -48,14 +48,13 @@ def check_group_shape(name: str, shape: tuple[int, ...] | list[int], group: int 
         )
 
 
-def _fits(x: torch.Tensor, step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _fits(x: torch.Tensor, tol_x: torch.Tensor, step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Levels for ``step`` and a mask of groups that ``step`` reproduces. x: [G, 32], step: [G, 1]."""
     safe = torch.where(step > 0, step, torch.ones_like(step))
     lv = torch.round(x / safe)
-    err = (lv * step - x).abs()
-    tol = torch.maximum(x.abs() * REL_TOL, step * STEP_TOL)
-    ok = ((lv >= LEVEL_MIN) & (lv <= LEVEL_MAX) & (err <= tol)).all(dim=1)
-    return lv, ok
+    tol = torch.maximum(tol_x, step * STEP_TOL)
+    ok = ((lv * step - x).abs() <= tol) & (lv >= LEVEL_MIN) & (lv <= LEVEL_MAX)
+    return lv, ok.all(dim=1)
 
 
 def _gcd_rows(lv: torch.Tensor) -> torch.Tensor:
@@ -79,16 +78,21 @@ def recover(block: torch.Tensor, group: int = GROUP) -> GridResult:
     rows, cols = block.shape
     x = block.to(torch.float32).reshape(-1, group)
     n = x.shape[0]
-    amax = x.abs().amax(dim=1, keepdim=True)
-    levels = torch.zeros((n, group), dtype=torch.int32)
-    steps = torch.zeros((n, 1), dtype=torch.float32)
-    solved = amax.squeeze(1) == 0  # all-zero groups: level 0, step 0
-    for m in (8, 7, 6, 5, 4):
+    ax = x.abs()
+    amax = ax.amax(dim=1, keepdim=True)
+    tol_x = ax.mul_(REL_TOL)  # per-value tolerance, computed once
+    # First candidate on every group without gathering: most groups of a QAT tensor fit it.
+    step8 = amax / 8
+    lv, solved = _fits(x, tol_x, step8)
+    levels = lv.to(torch.int32)
+    steps = step8.clone()
+    solved |= amax.squeeze(1) == 0  # all-zero groups: level 0, step 0
+    for m in (7, 6, 5, 4):
         todo = (~solved).nonzero().squeeze(1)
         if todo.numel() == 0:
             break
         step = amax[todo] / m
-        lv, ok = _fits(x[todo], step)
+        lv, ok = _fits(x[todo], tol_x[todo], step)
         idx = todo[ok]
         levels[idx] = lv[ok].to(torch.int32)
         steps[idx] = step[ok]
@@ -101,13 +105,15 @@ def recover(block: torch.Tensor, group: int = GROUP) -> GridResult:
     # Least squares refines steps whose values were rounded to bf16 (real QAT steps are not
     # always bf16-representable); keep the refined step only where it still reproduces.
     lvf = levels.to(torch.float32)
-    den = (lvf * lvf).sum(dim=1, keepdim=True)
-    refined = torch.where(den > 0, (x * lvf).sum(dim=1, keepdim=True) / den.clamp_min(1), steps)
-    lv2, ok = _fits(x, refined)
-    better = ok & solved & (lv2.to(torch.int32) == levels).all(dim=1)
-    steps[better] = refined[better]
-    off = int((~solved).sum())
     err = (lvf * steps - x).abs()
+    if bool((err[solved] > 0).any()):
+        den = (lvf * lvf).sum(dim=1, keepdim=True)
+        refined = torch.where(den > 0, (x * lvf).sum(dim=1, keepdim=True) / den.clamp_min(1), steps)
+        lv2, ok = _fits(x, tol_x, refined)
+        better = ok & solved & (lv2.to(torch.int32) == levels).all(dim=1)
+        steps[better] = refined[better]
+        err = (lvf * steps - x).abs()
+    off = int((~solved).sum())
     err[~solved] = 0
     rel = err / steps.clamp_min(torch.finfo(torch.float32).tiny)
     return GridResult(

@@ -150,6 +150,25 @@ def _whole_shard(src: Source, shard: str, units: list[Unit]) -> bool:
     return all(u.passthrough for u in units) and [u.src for u in units] == names
 
 
+def step_names(steps: list[Step]) -> list[str]:
+    return [getattr(s, "__name__", "step") for s in steps]
+
+
+def is_current(src_dir: Path | str, out: Path | str, steps: list[Step]) -> bool:
+    """True when ``out`` was written by this version of the tools, with these steps, from this source."""
+    stamp_path = Path(out) / STAMP
+    try:
+        stamp = json.loads(stamp_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    src = Source(src_dir)
+    return (
+        stamp.get("version") == __version__
+        and stamp.get("steps") == step_names(steps)
+        and stamp.get("source_fingerprint") == src.fingerprint()
+    )
+
+
 def run(
     src_dir: Path | str,
     out: Path | str,
@@ -168,7 +187,7 @@ def run(
     for step in steps:
         units, cfg = step(units, cfg, ctx)
     validate_quant_config(cfg)
-    summary = Summary(steps=[getattr(s, "__name__", "step") for s in steps])
+    summary = Summary(steps=step_names(steps))
     shards = _plan_shards(src, units)
     total_in = sum(u.src_bytes for _, us in shards for u in us)
     with atomic_dir(out, force=force) as tmp:

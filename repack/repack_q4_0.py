@@ -76,12 +76,35 @@ def main(argv: list[str] | None = None) -> int:
         help="emb4: text-only, int4 embeddings + untied int4 lm_head; text: text-only W4A16; "
         "w4a16: multimodal W4A16; w8a8: text-only int8",
     )
+    p.add_argument(
+        "--if-stale",
+        action="store_true",
+        help="do nothing (and say 'up to date') when OUT's repack.json records this source, target and "
+        "tool version; otherwise rebuild (implies --force)",
+    )
+    p.add_argument(
+        "--status", action="store_true", help="print 'current' or 'stale' for OUT and exit; writes nothing"
+    )
     args = ap.parse_args(argv)
     if args.cmd == "check":
         return cli.guarded(PROG, lambda: check(args.src, args.quiet))
     if args.cmd == "repack":
         return cli.convert(PROG, args, [repack])
-    return cli.convert(f"{PROG} build --target {args.target}", args, STEPS[args.target])
+    steps = STEPS[args.target]
+    if args.status or args.if_stale:
+        from repack.pipeline import is_current
+
+        current = cli.guarded(PROG, lambda: int(is_current(args.src, args.out, steps)))
+        if current not in (0, 1):
+            return current
+        if args.status:
+            print("current" if current else "stale")
+            return 0
+        if current:
+            print(f"{PROG}: {args.out} is up to date")
+            return 0
+        args.force = True
+    return cli.convert(f"{PROG} build --target {args.target}", args, steps)
 
 
 if __name__ == "__main__":

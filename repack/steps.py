@@ -255,6 +255,7 @@ def embed_int4(embed_tokens: bool) -> Step:
         cfg["quantization_config"] = qc
         return out, cfg
 
+    step.__name__ = "embed_int4+embed_tokens" if embed_tokens else "embed_int4"
     return step
 
 

@@ -87,4 +87,4 @@ def test_stamp_records_source_and_version(builds):
     assert stamp["source"] == str(builds["qat"].resolve())
     assert len(stamp["source_fingerprint"]) == 64
     assert stamp["summary"]["off_grid_groups"] == 0
-    assert stamp["steps"] == ["repack", "text_only", "step"]
+    assert stamp["steps"] == ["repack", "text_only", "embed_int4+embed_tokens"]
