@@ -1,0 +1,71 @@
+"""benchmarks/bench_repack.py: the synthetic release matches E2B's layout; --small runs end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bench_repack  # noqa: E402
+
+LM = "model.language_model."
+
+
+def test_e2b_layout_matches_the_release():
+    cfg, shapes = bench_repack.release_layout(small=False)
+    s = dict(shapes)
+    assert s[f"{LM}embed_tokens.weight"] == (262144, 1536)
+    assert s[f"{LM}embed_tokens_per_layer.weight"] == (262144, 35 * 256)
+    assert s[f"{LM}per_layer_model_projection.weight"] == (8960, 1536)
+    assert s[f"{LM}layers.0.self_attn.k_proj.weight"] == (256, 1536)
+    assert s[f"{LM}layers.4.self_attn.q_proj.weight"] == (4096, 1536)
+    assert s[f"{LM}layers.4.self_attn.o_proj.weight"] == (1536, 4096)
+    assert s[f"{LM}layers.14.mlp.gate_proj.weight"] == (6144, 1536)
+    assert s[f"{LM}layers.34.mlp.down_proj.weight"] == (1536, 12288)
+    assert s[f"{LM}layers.0.per_layer_input_gate.weight"] == (256, 1536)
+    for i in range(15, 35):
+        assert f"{LM}layers.{i}.self_attn.k_proj.weight" not in s
+    assert any(k.startswith("model.vision_tower.") for k in s) and any(
+        k.startswith("model.audio_tower.") for k in s
+    )
+    assert "lm_head.weight" not in s
+    total = sum(2 * _numel(v) for v in s.values())
+    assert abs(total - 10_246_621_918) / 10_246_621_918 < 0.03  # the release's size, within 3%
+    assert cfg["text_config"]["global_head_dim"] == 512 and "per_layer_config" not in cfg["text_config"]
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+@pytest.mark.slow
+def test_small_smoke_run(tmp_path):
+    out = tmp_path / "bench.json"
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks/bench_repack.py"),
+            str(tmp_path / "w"),
+            "--small",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(out.read_text())
+    runs = {x["run"] for x in report["results"]}
+    assert {"check", "repack (w4a16)", "build --target emb4 (one pass)"} <= runs
+    for x in report["results"]:
+        assert x["exit"] == 0 and x["wall_s"] > 0 and x["peak_rss_gib"] > 0 and x["copy_s"] > 0
+    assert "x copy" in r.stdout
