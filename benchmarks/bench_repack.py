@@ -228,7 +228,16 @@ def main(argv: list[str] | None = None) -> int:
             [py, f"{rp}/repack_q4_0.py", "build", str(src), str(wd / "one-emb4"), "--target", "emb4"],
         ),
     ]
-    results = []
+    results: list[dict] = []
+    report = {
+        "small": args.small,
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "load_average_at_start": os.getloadavg(),
+        "results": results,
+        "targets": {"peak_rss_gib": 2.0, "step_ratio_to_copy": 2.0, "one_pass_emb4_ratio_to_copy": 1.5},
+    }
     print(
         f"{'run':<32} {'in GB':>7} {'wall s':>8} {'GB/s':>6} {'peak GiB':>9} {'copy s':>7} {'x copy':>7}",
         flush=True,
