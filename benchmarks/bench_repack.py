@@ -265,18 +265,12 @@ def main(argv: list[str] | None = None) -> int:
             + ("" if code == 0 else f"  (exit {code})"),
             flush=True,
         )
+        if args.json:  # after every run, so an interrupted benchmark keeps what it measured
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(report, indent=2) + "\n")
     if not args.keep:
         for d in ("w4a16", "text", "emb4", "w8a8", "one-emb4"):
             shutil.rmtree(wd / d, ignore_errors=True)
-    report = {
-        "small": args.small,
-        "cpus": os.cpu_count(),
-        "results": results,
-        "targets": {"peak_rss_gib": 2.0, "step_ratio_to_copy": 2.0, "one_pass_emb4_ratio_to_copy": 1.5},
-    }
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0 if all(r["exit"] == 0 for r in results) else 1
 
 
