@@ -19,7 +19,7 @@ def test_molecule_gce() -> None:
     """`molecule test -s gce` passes end to end, and shows what it skipped and why."""
     result = run_scenario("gce")
     assert result.rc == 0, result.tail
-    assert "Idempotence completed successfully" in result.output
+    assert "[gce > idempotence] Executed: Successful" in result.output
     assert "Skipping nvidia_driver: no GPU" in result.output
     assert "Not starting vllm: no GPU" in result.output
     assert "vllm.service exposure" in result.output

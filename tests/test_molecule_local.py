@@ -59,5 +59,5 @@ def test_molecule_local() -> None:
     """`molecule test -s local` passes end to end."""
     result = run_scenario("local")
     assert result.rc == 0, result.tail
-    assert "idempotence" in result.output and "Idempotence completed successfully" in result.output
+    assert "[local > idempotence] Executed: Successful" in result.output
     assert "vllm.service exposure" in result.output
