@@ -201,7 +201,6 @@ def main(argv: list[str] | None = None) -> int:
         )
     py, rp = sys.executable, str(ROOT / "repack")
     runs = [
-        ("check", src, None, [py, f"{rp}/repack_q4_0.py", "check", str(src), "-q"]),
         (
             "repack (w4a16)",
             src,
@@ -227,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             wd / "one-emb4",
             [py, f"{rp}/repack_q4_0.py", "build", str(src), str(wd / "one-emb4"), "--target", "emb4"],
         ),
+        ("check", src, None, [py, f"{rp}/repack_q4_0.py", "check", str(src), "-q"]),
     ]
     results: list[dict] = []
     report = {
@@ -246,6 +246,10 @@ def main(argv: list[str] | None = None) -> int:
         if out is not None:
             shutil.rmtree(out, ignore_errors=True)
             cmd = [*cmd, "--quiet"]
+        if not (inp / "config.json").exists():
+            print(f"{label:<32} skipped: its input {inp} was not built", flush=True)
+            results.append({"run": label, "exit": "skipped"})
+            continue
         gb = dir_bytes(inp) / 1e9
         ctime = copy_time(inp, wd / "copy")
         wall, peak, code = run_child(cmd)
@@ -271,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.keep:
         for d in ("w4a16", "text", "emb4", "w8a8", "one-emb4"):
             shutil.rmtree(wd / d, ignore_errors=True)
-    return 0 if all(r["exit"] == 0 for r in results) else 1
+    return 0 if all(r.get("exit") == 0 for r in results) else 1
 
 
 if __name__ == "__main__":

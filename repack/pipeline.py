@@ -88,8 +88,15 @@ def validate_quant_config(cfg: dict) -> None:
     qc = cfg.get("quantization_config")
     if qc is None:
         return
-    from compressed_tensors.quantization import QuantizationConfig
-
+    try:
+        from compressed_tensors.quantization import QuantizationConfig
+    except ImportError:
+        # A bare host (e.g. one converting without vLLM's virtualenv) can still convert; the
+        # tests validate every target's config with compressed-tensors on the controller.
+        print(
+            "warning: compressed-tensors is not installed; quantization_config not validated", file=sys.stderr
+        )
+        return
     QuantizationConfig.model_validate(qc)
 
 

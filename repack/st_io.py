@@ -13,8 +13,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
-from safetensors import safe_open
 
 DTYPES = {
     "BF16": torch.bfloat16,
@@ -121,7 +121,7 @@ class Source:
                 self.tensors[name] = TensorInfo(
                     name, shard, DTYPES[info["dtype"]], tuple(info["shape"]), data + lo, data + hi
                 )
-        self._handles: dict[Path, object] = {}
+        self._fds: dict[Path, int] = {}
 
     def _shard_files(self) -> list[Path]:
         index = self.path / "model.safetensors.index.json"
@@ -140,21 +140,44 @@ class Source:
             raise CheckpointError(f"{self.path}: no .safetensors files")
         return files
 
-    def _handle(self, shard: Path):
-        if shard not in self._handles:
-            try:
-                self._handles[shard] = safe_open(str(shard), framework="pt")
-            except Exception as exc:
-                raise CheckpointError(f"{shard}: cannot open: {exc}") from exc
-        return self._handles[shard]
-
     def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
-        """Rows [start, stop) of a tensor (the whole tensor for 0-d and 1-d ones when start == 0)."""
+        """Rows [start, stop) of a tensor (the whole tensor for 0-d and 1-d ones).
+
+        Read with pread into a private buffer rather than through safetensors' mmap: mapped
+        pages stay resident in this process (the RSS of a full E2B pass grew to 9.6 GiB), while
+        a buffer is freed with the chunk, so memory stays bounded by the chunk size.
+        """
         info = self.tensors[name]
-        h = self._handle(info.shard)
         if len(info.shape) < 2:
-            return h.get_tensor(name)
-        return h.get_slice(name)[start:stop]
+            start, stop = 0, 1
+            row_shape: tuple[int, ...] = ()
+            row_bytes = info.nbytes
+            out_shape: tuple[int, ...] = info.shape
+        else:
+            stop = min(stop, info.shape[0])
+            row_shape = info.shape[1:]
+            row_bytes = info.nbytes // info.shape[0] if info.shape[0] else 0
+            out_shape = (stop - start, *row_shape)
+        n = (stop - start) * row_bytes
+        buf = np.empty(n, dtype=np.uint8)
+        fd = self._fd(info.shard)
+        got = os.preadv(fd, [memoryview(buf)], info.start + start * row_bytes) if n else 0
+        if got != n:
+            raise CheckpointError(f"{info.shard}: short read of {name} ({got} of {n} bytes)")
+        return torch.from_numpy(buf).view(info.dtype).reshape(out_shape)
+
+    def _fd(self, shard: Path) -> int:
+        if shard not in self._fds:
+            try:
+                self._fds[shard] = os.open(shard, os.O_RDONLY)
+            except OSError as exc:
+                raise CheckpointError(f"{shard}: cannot open: {exc}") from exc
+        return self._fds[shard]
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
     def fingerprint(self) -> str:
         """A cheap identity of the source: config.json and every shard's name, size and header."""
