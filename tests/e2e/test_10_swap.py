@@ -1,0 +1,86 @@
+"""swap.yml on the local rig: W4A16 -> W8A8 and back, a broken checkpoint rolls back, an unknown
+key fails before anything on the rig is touched. The rig is left serving what it served before."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.ansible_run import PlaybookRun, run_playbook
+from tests.conftest import ROOT
+from tests.e2e.rig import chat, served_models, unit_started_at
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+
+def swap(model: str, *args: str) -> PlaybookRun:
+    return run_playbook("swap.yml", "-e", f"model={model}", *args)
+
+
+def downtime(run: PlaybookRun) -> float:
+    found = re.findall(r"downtime ([0-9.]+) s", run.output)
+    assert found, run.output[-4000:]
+    return float(found[-1])
+
+
+def test_unknown_key_fails_fast_and_touches_nothing(local_rig) -> None:
+    started = unit_started_at(local_rig.container)
+    run = swap("no-such-model")
+    assert run.rc != 0
+    assert "unknown model no-such-model" in run.output
+    assert "tiny-w8a8" in run.output and "tiny-emb4" in run.output  # the valid keys are listed
+    assert "rig-local" not in run.recap  # the rig's play never started
+    assert unit_started_at(local_rig.container) == started
+
+
+def test_swap_w4a16_to_w8a8_and_back(local_rig, figure) -> None:
+    for model in ["tiny-w4a16", "tiny-w8a8", "tiny-w4a16"]:
+        run = swap(model)
+        assert run.rc == 0, run.output[-6000:]
+        figure(f"swap to {model}", f"downtime {downtime(run):.1f} s, playbook {run.seconds:.0f} s")
+        assert served_models(local_rig.port) == [model]
+        assert chat(local_rig.port, model)["usage"]["completion_tokens"] > 0
+
+
+@pytest.fixture
+def broken_catalog(tmp_path: Path, local_rig) -> Path:
+    """The catalog plus `tiny-broken`: a checkpoint whose config no longer matches its weights."""
+    good = ROOT / "build" / "models" / local_rig.model
+    broken = tmp_path / "tiny-broken"
+    shutil.copytree(good, broken)
+    config = json.loads((broken / "config.json").read_text())
+    text = config.get("text_config", config)
+    text["hidden_size"] = text["hidden_size"] * 2  # every weight now has the wrong shape
+    (broken / "config.json").write_text(json.dumps(config, indent=2))
+    catalog = yaml.safe_load((ROOT / "inventory/group_vars/all/models.yml").read_text())
+    catalog["rig_models"]["tiny-broken"] = {
+        "description": "deliberately broken: hidden_size doubled",
+        "source": {"kind": "dir", "path": str(broken)},
+        "vllm_args": [],
+        "size_bytes": 1,
+    }
+    path = tmp_path / "catalog.yml"
+    path.write_text(yaml.safe_dump({"rig_models": catalog["rig_models"]}))
+    return path
+
+
+def test_broken_checkpoint_rolls_back_to_the_old_model(local_rig, broken_catalog, figure) -> None:
+    before = served_models(local_rig.port)[0]
+    run = swap("tiny-broken", "-e", f"@{broken_catalog}")
+    assert run.rc != 0
+    assert f"swap {before} -> tiny-broken failed" in run.output, run.output[-6000:]
+    assert f"Rolled back: {before} is serving again" in run.output
+    assert served_models(local_rig.port) == [before]
+    assert chat(local_rig.port, before)["usage"]["completion_tokens"] > 0
+    figure("failed swap rolled back", f"{run.seconds:.0f} s from start to old model answering")
+
+
+def test_swap_back_to_the_default(local_rig) -> None:
+    run = swap(local_rig.model)
+    assert run.rc == 0, run.output[-6000:]
+    assert served_models(local_rig.port) == [local_rig.model]

@@ -1,0 +1,66 @@
+"""Two local rigs in one inventory: a rolling swap updates one rig at a time, and a broken model
+stops the rollout at the first rig, which is back on its old model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.ansible_run import run_playbook
+from tests.e2e.rig import served_models, unit_started_at
+from tests.e2e.test_10_swap import broken_catalog  # noqa: F401  (fixture)
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+FLEET = Path(__file__).with_name("fleet.yml")
+RIGS = {"rig-local": ("gemma-rig", 8000), "rig-b": ("gemma-rig-b", 8001)}
+
+
+def started_seconds(container: str) -> float:
+    """The unit's last start on the host-wide monotonic clock (containers share it), in seconds."""
+    return int(unit_started_at(container).split("=")[1]) / 1e6
+
+
+@pytest.fixture(scope="module")
+def fleet(local_rig):
+    run = run_playbook("site.yml", inventory=FLEET)
+    assert run.rc == 0, run.output[-6000:]
+    yield run
+    down = run_playbook("teardown.yml", "-l", "rig-b", inventory=FLEET)
+    assert down.rc == 0, down.output[-4000:]
+
+
+def test_second_rig_joins_and_the_first_is_left_alone(fleet, figure) -> None:
+    figure("site.yml with a second local rig beside the first", f"{fleet.seconds:.0f} s")
+    assert fleet.recap["rig-local"]["changed"] == 0
+    assert served_models(RIGS["rig-b"][1]) == ["tiny-emb4"]
+
+
+def test_rolling_swap_updates_one_rig_at_a_time(fleet) -> None:
+    run = run_playbook("swap.yml", "-e", "model=tiny-w8a8", inventory=FLEET)
+    assert run.rc == 0, run.output[-6000:]
+    for _container, port in RIGS.values():
+        assert served_models(port) == ["tiny-w8a8"]
+    # rig-b went down only after rig-local answered on its new model.
+    assert run.output.index("rig-local: tiny-emb4 -> tiny-w8a8") < run.output.index(
+        "rig-b: tiny-emb4 -> tiny-w8a8"
+    )
+    assert started_seconds("gemma-rig-b") > started_seconds("gemma-rig") + 5
+
+
+def test_broken_model_stops_the_rollout_at_the_first_rig(fleet, broken_catalog) -> None:  # noqa: F811
+    b_started = unit_started_at("gemma-rig-b")
+    run = run_playbook("swap.yml", "-e", "model=tiny-broken", "-e", f"@{broken_catalog}", inventory=FLEET)
+    assert run.rc != 0
+    assert "swap tiny-w8a8 -> tiny-broken failed on rig-local" in run.output, run.output[-6000:]
+    for _container, port in RIGS.values():
+        assert served_models(port) == ["tiny-w8a8"]
+    assert unit_started_at("gemma-rig-b") == b_started  # the rollout never reached rig-b
+
+
+def test_fleet_back_to_the_default(fleet) -> None:
+    run = run_playbook("swap.yml", "-e", "model=tiny-emb4", inventory=FLEET)
+    assert run.rc == 0, run.output[-6000:]
+    for _container, port in RIGS.values():
+        assert served_models(port) == ["tiny-emb4"]
