@@ -183,7 +183,9 @@ def copy_time(src: Path, dst: Path) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="bench_repack.py", description=__doc__.split("\n")[1])
+    ap = argparse.ArgumentParser(
+        prog="bench_repack.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("workdir", type=Path, help="scratch directory (about 40 GB free for the full run)")
     ap.add_argument("--small", action="store_true", help="tiny synthetic checkpoint: a smoke run in seconds")
     ap.add_argument("--json", type=Path, help="also write the figures here")

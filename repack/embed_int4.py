@@ -24,7 +24,9 @@ PROG = "embed_int4.py"
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[1])
+    ap = argparse.ArgumentParser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     cli.add_io(ap, "IN", "Gemma 4 checkpoint with bf16 embedding tables (usually text_only.py's output)")
     ap.add_argument(
         "--embed-tokens", action="store_true", help="also embed_tokens, plus an explicit, untied int4 lm_head"

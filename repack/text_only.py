@@ -25,7 +25,9 @@ PROG = "text_only.py"
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[1])
+    ap = argparse.ArgumentParser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     cli.add_io(ap, "IN", "multimodal Gemma 4 checkpoint (QAT source or a repack)")
     args = ap.parse_args(argv)
     return cli.convert(PROG, args, [text_only])

@@ -23,7 +23,9 @@ PROG = "w8a8_from_qat.py"
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[1])
+    ap = argparse.ArgumentParser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     cli.add_io(ap)
     args = ap.parse_args(argv)
     return cli.convert(PROG, args, STEPS["w8a8"])
