@@ -32,10 +32,12 @@ def bad_option(role: str) -> tuple[str, Any]:
     """An option of ``role`` and a value its argument spec must refuse."""
     spec = yaml.safe_load((ROOT / "roles" / role / "meta" / "argument_specs.yml").read_text())
     options: dict[str, dict] = spec["argument_specs"]["main"].get("options", {})
-    for name, opt in options.items():
+    # The role's own variables first: a shared one (rig_models) feeds other roles' defaults too.
+    ordered = sorted(options.items(), key=lambda item: not item[0].startswith(f"{role}_"))
+    for name, opt in ordered:
         if opt.get("choices"):
             return name, "not-one-of-the-choices"
-    for name, opt in options.items():
+    for name, opt in ordered:
         if opt.get("type") in BAD_BY_TYPE:
             return name, BAD_BY_TYPE[opt["type"]]
     raise AssertionError(f"role {role} has no option whose bad value can be told apart")
