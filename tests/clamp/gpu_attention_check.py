@@ -57,6 +57,13 @@ def _seed_platform() -> None:
 
     lookup = importlib.metadata.version
     importlib.metadata.version = lambda name: "0.29.0" if name == "vllm" else lookup(name)
+    import types
+
+    # vLLM resolves its platform while importing; the CUDA platform module needs the compiled
+    # extension, so the resolver is handed the stand-in instead.
+    fake = types.ModuleType("vllm.platforms.cuda")
+    fake.CudaPlatform = lambda: StandInPlatform(None)
+    sys.modules["vllm.platforms.cuda"] = fake
     import vllm.platforms as platforms
 
     platforms._current_platform = StandInPlatform(None)
