@@ -20,6 +20,6 @@ def test_molecule_gce() -> None:
     result = run_scenario("gce")
     assert result.rc == 0, result.tail
     assert "[gce > idempotence] Executed: Successful" in result.output
-    assert "Skipping nvidia_driver: no GPU" in result.output
+    assert "SKIPPED (no GPU)" in result.output
     assert "Not starting vllm: no GPU" in result.output
     assert "vllm.service exposure" in result.output
