@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 PACK = 8  # int4 values per int32 word
@@ -10,11 +12,22 @@ PACK = 8  # int4 values per int32 word
 def pack_int4(levels: torch.Tensor) -> torch.Tensor:
     """levels [rows, cols] in -8..7 -> int32 [rows, cols/8]; column 8j+i in bits 4i..4i+3 of word j.
 
-    Built with int32 shifts and ORs, never through float32 (words above 2**24 would round).
+    Built with integer shifts and ORs, never through float32 (words above 2**24 would round).
+    On a little-endian host the word is its four bytes in order, so two nibbles per byte and an
+    int32 view of the bytes give the same words in three byte-wide passes.
     """
-    rows, cols = levels.shape
+    _rows, cols = levels.shape
     if cols % PACK:
         raise ValueError(f"cannot pack {cols} columns into int32 words of {PACK} nibbles")
+    if sys.byteorder == "little" and levels.dtype == torch.int8:
+        nib = (levels + 8).view(torch.uint8)
+        return (nib[:, 0::2] | (nib[:, 1::2] << 4)).contiguous().view(torch.int32)
+    return pack_int4_reference(levels)
+
+
+def pack_int4_reference(levels: torch.Tensor) -> torch.Tensor:
+    """pack_int4 with int32 shifts, word by word (any integer dtype, any byte order)."""
+    rows, cols = levels.shape
     nib = (levels.to(torch.int32) + 8).reshape(rows, cols // PACK, PACK)
     word = nib[..., 0]
     for i in range(1, PACK):
