@@ -96,10 +96,9 @@ from ansible.module_utils.gce_client import (
     HAS_GOOGLE,
     IMPORT_ERROR,
     make_clients,
-    to_dict,
 )
-from ansible.module_utils.gce_errors import GceError, classify_exception, exception_to_error
-from ansible.module_utils.gce_operations import wait
+from ansible.module_utils.gce_errors import GceError, exception_to_error
+from ansible.module_utils.gce_operations import call_and_wait, get_or_none
 from ansible.module_utils.gce_retry import make_retry
 
 
@@ -147,12 +146,7 @@ def main() -> None:
         module.fail_json(msg=str(err), error_kind="auth")
     retry = make_retry()
     try:
-        try:
-            current = to_dict(clients.firewalls.get(project=p["project"], firewall=p["name"], retry=retry))
-        except Exception as exc:
-            if classify_exception(exc) != "notfound":
-                raise exception_to_error(exc, p["project"]) from exc
-            current = None
+        current = get_or_none(clients.firewalls.get, p["project"], retry, firewall=p["name"])
         before = summarize(current)
         wanted: dict[str, Any] = {}
         if p["state"] == "present":
@@ -176,16 +170,15 @@ def main() -> None:
                     target_tags=wanted["target_tags"],
                 )
                 if current:
-                    op = clients.firewalls.patch_unary(
-                        project=p["project"], firewall=p["name"], firewall_resource=resource, retry=retry
+                    call, kwargs = (
+                        clients.firewalls.patch_unary,
+                        {"firewall": p["name"], "firewall_resource": resource},
                     )
                 else:
-                    op = clients.firewalls.insert_unary(
-                        project=p["project"], firewall_resource=resource, retry=retry
-                    )
+                    call, kwargs = clients.firewalls.insert_unary, {"firewall_resource": resource}
             else:
-                op = clients.firewalls.delete_unary(project=p["project"], firewall=p["name"], retry=retry)
-            wait(clients, op, p["project"], None, p["operation_timeout"], retry)
+                call, kwargs = clients.firewalls.delete_unary, {"firewall": p["name"]}
+            call_and_wait(clients, call, p["project"], None, p["operation_timeout"], retry, **kwargs)
     except GceError as err:
         module.fail_json(msg=str(err), error_kind=err.kind)
     except Exception as exc:

@@ -319,11 +319,10 @@ from ansible.module_utils.gce_client import (
     HAS_GOOGLE,
     IMPORT_ERROR,
     make_clients,
-    to_dict,
 )
 from ansible.module_utils.gce_diff import changes, summarize_existing, summarize_wanted
-from ansible.module_utils.gce_errors import GceError, classify_exception, exception_to_error
-from ansible.module_utils.gce_operations import wait
+from ansible.module_utils.gce_errors import GceError
+from ansible.module_utils.gce_operations import call_and_wait, get_or_none
 from ansible.module_utils.gce_retry import make_retry
 
 
@@ -407,12 +406,7 @@ class Runner:
 
     # ---- reads ---------------------------------------------------------------------------------
     def _get(self, call: Any, **kwargs: Any) -> dict[str, Any] | None:
-        try:
-            return to_dict(call(project=self.project, retry=self.retry, **kwargs))
-        except Exception as exc:
-            if classify_exception(exc) == "notfound":
-                return None
-            raise exception_to_error(exc, self.project) from exc
+        return get_or_none(call, self.project, self.retry, **kwargs)
 
     def find_instance(self) -> dict[str, Any] | None:
         for zone in self.p["zones"]:
@@ -435,15 +429,15 @@ class Runner:
 
     # ---- writes --------------------------------------------------------------------------------
     def _op(self, call: Any, op_zone: str | None, **kwargs: Any) -> dict[str, Any]:
-        try:
-            if "request" not in kwargs:
-                kwargs["project"] = self.project
-            op = call(retry=self.retry, **kwargs)
-        except GceError:
-            raise
-        except Exception as exc:
-            raise exception_to_error(exc, self.project) from exc
-        return wait(self.clients, op, self.project, op_zone, self.p["operation_timeout"], self.retry)
+        return call_and_wait(
+            self.clients, call, self.project, op_zone, self.p["operation_timeout"], self.retry, **kwargs
+        )
+
+    def delete(self, kind: str, resource: dict[str, Any]) -> None:
+        """Delete the instance or disk ``resource`` (``kind``: instance or disk) and wait."""
+        zone = _last(resource["zone"])
+        call = getattr(self.clients, f"{kind}s").delete_unary
+        self._op(call, zone, zone=zone, **{kind: resource["name"]})
 
     def _action(self, zone: str, verb: str, **kwargs: Any) -> None:
         call = getattr(self.clients.instances, f"{verb}_unary")
@@ -598,24 +592,14 @@ def run(module: AnsibleModule) -> dict[str, Any]:
         if inst:
             result["changed"] = True
             if not module.check_mode:
-                r._op(
-                    r.clients.instances.delete_unary,
-                    _last(inst["zone"]),
-                    zone=_last(inst["zone"]),
-                    instance=p["name"],
-                )
+                r.delete("instance", inst)
             r.actions.append(f"delete instance {p['name']} in {_last(inst['zone'])}")
             if disk and not module.check_mode:
                 disk = r.find_data_disk()  # re-read: it is detached now
         if disk and p["delete_data_disk"]:
             result["changed"] = True
             if not module.check_mode:
-                r._op(
-                    r.clients.disks.delete_unary,
-                    _last(disk["zone"]),
-                    zone=_last(disk["zone"]),
-                    disk=disk["name"],
-                )
+                r.delete("disk", disk)
             r.actions.append(f"delete data disk {disk['name']} in {_last(disk['zone'])}")
             disk = None
         result.update(describe(None), data_disk=describe_disk(disk))

@@ -3,7 +3,8 @@
 The extended-operation object ``insert()`` returns polls through a client without the endpoint
 override, so the module calls ``*_unary`` methods and waits here with ``ZoneOperationsClient.wait``
 (or the global one), each call of which returns when the operation is DONE or after about two
-minutes, whichever comes first.
+minutes, whichever comes first. ``get_or_none`` and ``call_and_wait`` are the read and the write
+every module makes, with the same error translation.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import time
 from typing import Any
 
 from ansible.module_utils.gce_client import to_dict
-from ansible.module_utils.gce_errors import GceError, operation_error
+from ansible.module_utils.gce_errors import GceError, classify_exception, exception_to_error, operation_error
 
 
 def wait(clients: Any, op: Any, project: str, zone: str | None, timeout: float, retry: Any) -> dict[str, Any]:
@@ -33,3 +34,28 @@ def wait(clients: Any, op: Any, project: str, zone: str | None, timeout: float, 
     if error:
         raise error
     return result
+
+
+def get_or_none(call: Any, project: str, retry: Any, /, **kwargs: Any) -> dict[str, Any] | None:
+    """``call(project=project, **kwargs)`` as a dict, None when the resource does not exist."""
+    try:
+        return to_dict(call(project=project, retry=retry, **kwargs))
+    except Exception as exc:
+        if classify_exception(exc) == "notfound":
+            return None
+        raise exception_to_error(exc, project) from exc
+
+
+def call_and_wait(
+    clients: Any, call: Any, project: str, op_zone: str | None, timeout: float, retry: Any, /, **kwargs: Any
+) -> dict[str, Any]:
+    """Start an operation with ``call(**kwargs)`` (project added unless a ``request`` is given) and wait."""
+    try:
+        if "request" not in kwargs:
+            kwargs["project"] = project
+        op = call(retry=retry, **kwargs)
+    except GceError:
+        raise
+    except Exception as exc:
+        raise exception_to_error(exc, project) from exc
+    return wait(clients, op, project, op_zone, timeout, retry)
