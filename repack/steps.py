@@ -121,15 +121,13 @@ def int8_unit(u: Unit, ctx: Context) -> Unit:
     ]
     inner = u.produce
 
+    from repack import int8_fast  # numba's import is paid only by the W8A8 step
+
     def produce(start: int, stop: int) -> list[torch.Tensor | None]:
-        w = inner(start, stop)[0].to(torch.float32)
-        amax = w.abs().amax(dim=1, keepdim=True)
-        scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
-        q = torch.clamp(torch.round(w / scale), -127, 127).to(torch.int8)
-        err = (q.to(torch.float32) * scale - w).abs()
+        q, scale, err = int8_fast.quantize(inner(start, stop)[0])
         s = ctx.stats.setdefault(o.name, TensorStats())
         s.groups += rows if start == 0 else 0
-        s.max_abs_error = max(s.max_abs_error, float(err.max()) if err.numel() else 0.0)
+        s.max_abs_error = max(s.max_abs_error, err)
         return [q, scale]
 
     return Unit(outs, rows, produce, u.shard, u.src, u.src_bytes, u.row_bytes, True, set(u.tags))
@@ -171,30 +169,29 @@ def _qconfig(fmt: str, groups: dict, ignore: list[str]) -> dict:
     }
 
 
-def repack(units: list[Unit], cfg: dict, ctx: Context) -> tuple[list[Unit], dict]:
-    """Every language-model linear -> W4A16; towers kept and ignored; embeddings stay bf16."""
+def _quantize_linears(
+    units: list[Unit], cfg: dict, to_unit: Callable[[Unit], Unit], fmt: str, weights: dict, acts: dict | None
+) -> tuple[list[Unit], dict]:
+    """Every language-model linear through ``to_unit``; towers kept and ignored; embeddings stay bf16."""
     if "quantization_config" in cfg:
         raise ValueError("the source is already quantized (config.json has quantization_config)")
-    units = [int4_unit(u, ctx) if LINEAR.match(u.outs[0].name) else u for u in units]
+    units = [to_unit(u) if LINEAR.match(u.outs[0].name) else u for u in units]
     units = fill_shared_k_norm(units, cfg)
     cfg = copy.deepcopy(cfg)
     ignore = ["lm_head"] + (TOWER_IGNORE if "vision_config" in cfg or "audio_config" in cfg else [])
-    group = {"targets": ["Linear"], "weights": W4, "input_activations": None, "output_activations": None}
-    cfg["quantization_config"] = _qconfig("pack-quantized", {"group_0": group}, ignore)
+    group = {"targets": ["Linear"], "weights": weights, "input_activations": acts, "output_activations": None}
+    cfg["quantization_config"] = _qconfig(fmt, {"group_0": group}, ignore)
     return units, cfg
+
+
+def repack(units: list[Unit], cfg: dict, ctx: Context) -> tuple[list[Unit], dict]:
+    """Every language-model linear -> W4A16; towers kept and ignored; embeddings stay bf16."""
+    return _quantize_linears(units, cfg, lambda u: int4_unit(u, ctx), "pack-quantized", W4, None)
 
 
 def w8a8(units: list[Unit], cfg: dict, ctx: Context) -> tuple[list[Unit], dict]:
     """Every language-model linear -> int8 per output channel, activations int8 dynamic per token."""
-    if "quantization_config" in cfg:
-        raise ValueError("the source is already quantized (config.json has quantization_config)")
-    units = [int8_unit(u, ctx) if LINEAR.match(u.outs[0].name) else u for u in units]
-    units = fill_shared_k_norm(units, cfg)
-    cfg = copy.deepcopy(cfg)
-    ignore = ["lm_head"] + (TOWER_IGNORE if "vision_config" in cfg or "audio_config" in cfg else [])
-    group = {"targets": ["Linear"], "weights": W8, "input_activations": A8, "output_activations": None}
-    cfg["quantization_config"] = _qconfig("int-quantized", {"group_0": group}, ignore)
-    return units, cfg
+    return _quantize_linears(units, cfg, lambda u: int8_unit(u, ctx), "int-quantized", W8, A8)
 
 
 def text_only(units: list[Unit], cfg: dict, ctx: Context) -> tuple[list[Unit], dict]:
