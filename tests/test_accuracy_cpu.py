@@ -17,25 +17,22 @@ from pathlib import Path
 
 import pytest
 
-from evidence import _tiny
 from evidence.mcdata import DEFAULT_OUT
 from tests.ansible_run import run_playbook
 from tests.conftest import ROOT
+from tests.vllm_server import serve, tiny_build
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
-
-PORTS = (18141, 18142)
 
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     root = tmp_path_factory.mktemp("accuracy")
     with ExitStack() as stack:
+        # The rig's tiny model from two seeds: same architecture, different weights.
         urls = tuple(
-            stack.enter_context(
-                _tiny.serve(_tiny.build(root / name, seed=seed), name, port, root / f"{name}.log")
-            )
-            for name, seed, port in (("tiny-a", 11, PORTS[0]), ("tiny-b", 12, PORTS[1]))
+            stack.enter_context(serve(tiny_build(root, seed=seed), name, root / f"{name}.log"))
+            for name, seed in (("tiny-a", 11), ("tiny-b", 12))
         )
         yield urls
 
@@ -89,7 +86,8 @@ def test_accuracy_playbook_scores_on_the_rig_and_compares(servers, tmp_path: Pat
     a, b = servers
     fetch = tmp_path / "acc"
 
-    def inventory(name: str, port: int) -> Path:
+    def inventory(name: str, url: str) -> Path:
+        port = int(url.rsplit(":", 1)[1])
         path = tmp_path / f"{name}.yml"
         host = {"ansible_connection": "local", "ansible_python_interpreter": "/usr/bin/python3",
                 "rig_model": name, "rig_listen_address": "127.0.0.1", "rig_port": port}  # fmt: skip
@@ -97,13 +95,13 @@ def test_accuracy_playbook_scores_on_the_rig_and_compares(servers, tmp_path: Pat
         return path
 
     first = run_playbook(
-        "playbooks/accuracy.yml", inventory=inventory("tiny-a", PORTS[0]),
+        "playbooks/accuracy.yml", inventory=inventory("tiny-a", a),
         extra_vars={"accuracy_fetch_root": str(fetch)}, timeout=900,
     )  # fmt: skip
     assert first.rc == 0, first.output[-6000:]
     assert (fetch / "ctl-tiny-a.json").is_file()
     second = run_playbook(
-        "playbooks/accuracy.yml", inventory=inventory("tiny-b", PORTS[1]),
+        "playbooks/accuracy.yml", inventory=inventory("tiny-b", b),
         extra_vars={"accuracy_fetch_root": str(fetch), "accuracy_compare_with": str(fetch / "ctl-tiny-a.json")},
         timeout=900,
     )  # fmt: skip

@@ -17,10 +17,10 @@ import pytest
 from evidence import _tiny
 from evidence.report import validate
 from tests.ansible_run import run_playbook
+from tests.vllm_server import serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
-PORT = 18131
 LOCAL = {"ansible_connection": "local", "ansible_python_interpreter": "/usr/bin/python3"}
 GRID = {
     # 128 fits; 4096 + 16 exceeds the server's max-model-len 2048; concurrency 8 exceeds max-num-seqs 4.
@@ -35,16 +35,17 @@ GRID = {
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, Path]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path, Path]:
     root = tmp_path_factory.mktemp("bench")
+    # Not the rig's tiny model: its greedy output is special tokens, which stream as no text.
     model = _tiny.build(root / "tiny", seed=3)
     log = root / "vllm.log"
-    with _tiny.serve(model, "tiny-bench", PORT, log) as url:
-        yield url, model, log
+    with serve(model, "tiny-bench", log) as url:
+        yield int(url.rsplit(":", 1)[1]), model, log
 
 
 def test_bench_playbook_records_a_schema_valid_run(server, tmp_path: Path, figure) -> None:
-    _url, model, log = server
+    port, model, log = server
     (tmp_path / "tpu.env").write_text(
         "# rendered by hand for this test\nRIG_MODEL_KEY=tiny-bench\nRIG_MAX_NUM_SEQS=4\n"
         'RIG_EXTRA_ARGS="--enforce-eager --kv-cache-memory-bytes 268435456"\n'
@@ -61,7 +62,7 @@ def test_bench_playbook_records_a_schema_valid_run(server, tmp_path: Path, figur
                             "rig_platform": "controller",
                             "rig_model": "tiny-bench",
                             "rig_listen_address": "127.0.0.1",
-                            "rig_port": PORT,
+                            "rig_port": port,
                         }
                     }
                 }

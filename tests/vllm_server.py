@@ -1,0 +1,108 @@
+"""Start vLLM's CPU build from this interpreter on a model directory, the local rig's way; yield its URL.
+
+Shared by the tests that need a real server on the controller (tests/repack/test_vllm.py, the
+evidence tests). The flags are the local platform's (inventory/group_vars/local.yml): bf16,
+max-model-len 2048, max-num-seqs 4, eager, an explicit KV cache size; prefix caching is off so
+benchmark repeats cannot hit it. ``RIG_TEST_PORTS=LOW-HIGH`` keeps the servers' ports in a range
+(for runs that share the host with another test run); otherwise the OS picks a free port.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from repack.make_tiny_qat import build as build_qat
+from repack.pipeline import run as run_steps
+from repack.steps import STEPS
+
+START_TIMEOUT_S = 900  # a loaded 2-core CI box takes minutes to start vLLM
+RIG_FLAGS = (
+    "--dtype", "bfloat16", "--max-model-len", "2048", "--max-num-seqs", "4",
+    "--kv-cache-memory-bytes", str(256 << 20), "--enforce-eager", "--no-enable-prefix-caching",
+)  # fmt: skip
+
+
+def free_port() -> int:
+    """A port nothing listens on: from ``RIG_TEST_PORTS`` when set, else one the OS picks."""
+    span = os.environ.get("RIG_TEST_PORTS")
+    candidates = range(int(span.split("-")[0]), int(span.split("-")[1]) + 1) if span else [0]
+    for port in candidates:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise RuntimeError(f"no free port in RIG_TEST_PORTS={span}")
+
+
+def tiny_build(root: Path, seed: int, target: str = "text") -> Path:
+    """The rig's tiny model (repack/make_tiny_qat.py, ``seed``) converted to ``target``; returns its dir."""
+    qat = root / f"qat-{seed}"
+    out = root / f"{target}-{seed}"
+    build_qat(qat, seed=seed, with_shared_kv=False, force=False)
+    run_steps(qat, out, STEPS[target], quiet=True)
+    return out
+
+
+def _served_name(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(url + "/v1/models", timeout=5) as r:
+            return json.loads(r.read())["data"][0]["id"]
+    except OSError:
+        return None
+
+
+@contextlib.contextmanager
+def serve(
+    model: Path,
+    name: str,
+    log: Path,
+    port: int | None = None,
+    extra_args: Sequence[str] = (),
+    timeout: float = START_TIMEOUT_S,
+) -> Iterator[str]:
+    """Serve ``model`` as ``name`` until the block ends; yield ``http://127.0.0.1:PORT``.
+
+    vLLM's output goes to ``log`` so tests can read the real start-up lines. Ready means
+    /v1/models lists ``name``; an early exit or a timeout raises with the log's tail.
+    """
+    port = port or free_port()
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+        "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), *RIG_FLAGS, *extra_args,
+    ]  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while _served_name(url) != name:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"vLLM not ready after {timeout:.0f} s:\n{log.read_text()[-4000:]}")
+            time.sleep(2)
+        yield url
+        if proc.poll() is not None:
+            raise RuntimeError(f"vLLM died while in use:\n{log.read_text()[-4000:]}")
+    finally:
+        # The server's whole process group: the API server, its engine core and worker.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
