@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.conftest import ROOT, VENV_BIN
+from tests.conftest import VENV_BIN
+from tests.unit.checkpoint_play import run_play, write_play
 
 pytestmark = pytest.mark.slow  # several ansible-playbook runs
 
@@ -53,32 +53,16 @@ def rig(tmp_path: Path) -> dict[str, Path]:
     site = next(venv.glob("lib/python3*/site-packages"))
     (site / "huggingface_hub").mkdir()
     (site / "huggingface_hub" / "__init__.py").write_text(STAND_IN)
-    play = tmp_path / "play.yml"
-    play.write_text(
-        yaml.safe_dump(
-            [
-                {
-                    "hosts": "localhost",
-                    "gather_facts": False,
-                    "roles": ["checkpoint"],
-                    "handlers": [
-                        {
-                            "name": "Record the restart",
-                            "ansible.builtin.file": {"path": str(tmp_path / "restarted"), "state": "touch"},
-                            "listen": "restart vllm",
-                        }
-                    ],
-                }
-            ]
-        )
-    )
+    handler = {
+        "name": "Record the restart",
+        "ansible.builtin.file": {"path": str(tmp_path / "restarted"), "state": "touch"},
+    }
+    play = write_play(tmp_path / "play.yml", handler)
     return {"tmp": tmp_path, "python": venv / "bin" / "python", "play": play, "models": tmp_path / "models"}
 
 
 def converge(rig: dict[str, Path], token: str = TOKEN) -> tuple[int, list[dict[str, Any]], str]:
     evars = {
-        "ansible_connection": "local",
-        "ansible_python_interpreter": str(VENV_BIN / "python"),
         "rig_model": "google-w4a16",
         "checkpoint_models_dir": str(rig["models"]),
         "checkpoint_group": "root",
@@ -86,24 +70,8 @@ def converge(rig: dict[str, Path], token: str = TOKEN) -> tuple[int, list[dict[s
         "checkpoint_hub_endpoint": "http://hub-mirror.internal:8080",
         "checkpoint_hub_token": token,
     }
-    env = {
-        **os.environ,
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
-        "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.json",
-        "STAND_IN_LOG": str(rig["tmp"] / "seen.json"),
-    }
     (rig["tmp"] / "restarted").unlink(missing_ok=True)
-    cmd = [
-        str(VENV_BIN / "ansible-playbook"),
-        "-i",
-        str(ROOT / "inventory" / "local.yml"),
-        "-i",
-        "localhost,",
-    ]
-    cmd += ["-e", json.dumps(evars), str(rig["play"])]
-    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=600)
-    tasks = [t["hosts"].get("localhost", {}) for p in json.loads(res.stdout)["plays"] for t in p["tasks"]]
-    return res.returncode, tasks, res.stdout + res.stderr
+    return run_play(rig["play"], evars, env={"STAND_IN_LOG": str(rig["tmp"] / "seen.json")})
 
 
 def test_pull_lands_verified_behind_current_and_is_idempotent(rig: dict[str, Path]) -> None:

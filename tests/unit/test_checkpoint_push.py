@@ -6,64 +6,27 @@ switch); this covers what it cannot: --check on a fresh rig and on a converged o
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.conftest import ROOT, VENV_BIN
+from tests.unit.checkpoint_play import run_play, write_play
 
 pytestmark = pytest.mark.slow  # several ansible-playbook runs
 
 
 def converge(tmp: Path, *args: str) -> tuple[int, list[dict[str, Any]], str]:
-    play = tmp / "play.yml"
-    play.write_text(
-        yaml.safe_dump(
-            [
-                {
-                    "hosts": "localhost",
-                    "gather_facts": False,
-                    "roles": ["checkpoint"],
-                    "handlers": [
-                        {
-                            "name": "Stand-in restart",
-                            "ansible.builtin.debug": {"msg": "restart"},
-                            "listen": "restart vllm",
-                        }
-                    ],
-                }
-            ]
-        )
+    play = write_play(
+        tmp / "play.yml", {"name": "Stand-in restart", "ansible.builtin.debug": {"msg": "restart"}}
     )
     evars = {
-        "ansible_connection": "local",
-        "ansible_python_interpreter": str(VENV_BIN / "python"),
         "rig_model": "tiny-emb4",
         "checkpoint_models_dir": str(tmp / "models"),
         "checkpoint_source_dir": str(tmp / "src"),
         "checkpoint_group": "root",
     }
-    env = {
-        **os.environ,
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
-        "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.json",
-    }
-    cmd = [
-        str(VENV_BIN / "ansible-playbook"),
-        "-i",
-        str(ROOT / "inventory" / "local.yml"),
-        "-i",
-        "localhost,",
-    ]
-    cmd += ["-e", json.dumps(evars), *args, str(play)]
-    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=600)
-    tasks = [t["hosts"].get("localhost", {}) for p in json.loads(res.stdout)["plays"] for t in p["tasks"]]
-    return res.returncode, tasks, res.stdout + res.stderr
+    return run_play(play, evars, *args)
 
 
 def test_check_mode_on_fresh_and_converged_rig(tmp_path: Path) -> None:
