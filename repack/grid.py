@@ -14,8 +14,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from repack import grid_fast
-
 GROUP = 32
 LEVEL_MIN = -8
 LEVEL_MAX = 7
@@ -78,6 +76,8 @@ def recover(block: torch.Tensor, group: int = GROUP) -> GridResult:
     and blocks with non-finite values take the reference.
     """
     if block.dtype == torch.bfloat16 and group == GROUP and block.dim() == 2:
+        from repack import grid_fast  # numba's import is paid only by steps that recover grids
+
         rows, cols = block.shape
         bits = block.contiguous().view(torch.int16).numpy().view(np.uint16).reshape(-1, group)
         fast = grid_fast.recover_bf16(bits)

@@ -29,11 +29,20 @@ _CHUNK = 1024  # groups per scratch buffer (128 KiB of float32: stays in L2)
 
 @numba.njit(inline="always", error_model="numpy")
 def _misses(x, b, step):  # pragma: no cover - compiled
-    """Values of group ``b`` (row of x) that ``step`` does not reproduce (grid._fits, negated)."""
+    """Whether ``step`` misses a value of group ``b`` (row of x): grid._fits, negated.
+
+    The first 8 values decide most misses, so the other 24 are tested only when those fit.
+    """
+    return _misses_in(x, b, step, 0, 8) or _misses_in(x, b, step, 8, GROUP)
+
+
+@numba.njit(inline="always", error_model="numpy")
+def _misses_in(x, b, step, lo, hi):  # pragma: no cover - compiled
+    """Values lo..hi-1 of group ``b`` that ``step`` does not reproduce."""
     safe = step if step > 0 else _ONE
     st = step * _STOL
     bad = 0
-    for j in range(GROUP):
+    for j in range(lo, hi):
         v = x[b, j]
         lv = np.rint(v / safe)
         tol = max(abs(v) * _REL, st)
@@ -110,11 +119,11 @@ def _recover(bits, levels, steps, solved, maxerr, gcds):  # pragma: no cover - c
                 bad[c] = 1
                 continue
             step = amax / np.float32(8.0)
-            ok = _misses(x, b, step) == 0
+            ok = not _misses(x, b, step)
             if not ok:
                 for m in (7, 6, 5, 4):
                     s = amax / np.float32(m)
-                    if _misses(x, b, s) == 0:
+                    if not _misses(x, b, s):
                         step = s
                         ok = True
                         break
@@ -168,7 +177,7 @@ def _recover(bits, levels, steps, solved, maxerr, gcds):  # pragma: no cover - c
                 den += lf * lf
                 num += x[b, j] * lf
             ref = num / max(den, _ONE) if den > 0 else steps[g]
-            if _misses(x, b, ref) != 0:
+            if _misses(x, b, ref):
                 continue
             safe = ref if ref > 0 else _ONE
             diff = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from repack import grid
+from repack import grid, grid_fast
 from repack.packing import pack_int4, pack_int4_reference
 
 
@@ -31,7 +31,7 @@ def test_fast_path_is_taken_for_bf16():
     # The fast kernel must really run: it is what the converters use.
     gen = torch.Generator().manual_seed(0)
     bits = grid.random_on_grid((8, 256), gen).view(torch.int16).numpy().view("uint16").reshape(-1, 32)
-    assert grid.grid_fast.recover_bf16(bits) is not None
+    assert grid_fast.recover_bf16(bits) is not None
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -83,7 +83,7 @@ def test_non_finite_values_fall_back_to_the_reference():
     w[0, 5] = float("nan")
     w[1, 33] = float("inf")
     bits = w.view(torch.int16).numpy().view("uint16").reshape(-1, 32)
-    assert grid.grid_fast.recover_bf16(bits) is None
+    assert grid_fast.recover_bf16(bits) is None
     assert grid.recover(w).off_grid == grid.recover_reference(w).off_grid
 
 
