@@ -17,21 +17,12 @@ import pytest
 from evidence import _tiny
 from evidence.report import validate
 from tests.ansible_run import run_playbook
+from tests.bench_grid import REDUCED_GRID
 from tests.vllm_server import serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 LOCAL = {"ansible_connection": "local", "ansible_python_interpreter": "/usr/bin/python3"}
-GRID = {
-    # 128 fits; 4096 + 16 exceeds the server's max-model-len 2048; concurrency 8 exceeds max-num-seqs 4.
-    "bench_input_lens": [128, 4096],
-    "bench_concurrency": [1, 2, 8],
-    "bench_output_len": 16,
-    "bench_repeats": 2,
-    "bench_decode_runs": 3,
-    "bench_decode_output_len": 32,
-    "bench_decode_input_len": 64,
-}
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +65,7 @@ def test_bench_playbook_records_a_schema_valid_run(server, tmp_path: Path, figur
         "playbooks/bench.yml",
         inventory=inventory,
         extra_vars={
-            **GRID,
+            **REDUCED_GRID,
             "bench_run_id": "controller-tiny",
             "bench_env_file": str(tmp_path / "tpu.env"),
             "bench_log_file": str(log),

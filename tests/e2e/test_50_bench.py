@@ -15,25 +15,16 @@ import pytest
 from evidence.mcdata import DEFAULT_OUT
 from evidence.report import validate
 from tests.ansible_run import run_playbook
+from tests.bench_grid import REDUCED_GRID
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
-
-GRID = {
-    "bench_input_lens": [128, 4096],
-    "bench_concurrency": [1, 2, 8],
-    "bench_output_len": 16,
-    "bench_repeats": 2,
-    "bench_decode_runs": 3,
-    "bench_decode_output_len": 32,
-    "bench_decode_input_len": 64,
-}
 
 
 def test_bench_on_the_local_rig_records_a_run(local_rig, tmp_path: Path, figure) -> None:
     runs = tmp_path / "runs"
     run = run_playbook(
         "playbooks/bench.yml",
-        extra_vars={**GRID, "bench_run_id": "local-e2e", "bench_runs_dir": str(runs),
+        extra_vars={**REDUCED_GRID, "bench_run_id": "local-e2e", "bench_runs_dir": str(runs),
                     "bench_fetch_root": str(tmp_path / "fetched"), "bench_update_index": False},
         timeout=1800,
     )  # fmt: skip
