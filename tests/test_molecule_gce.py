@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_molecule_local import run_scenario
+from tests.molecule_run import run_scenario
 
 
 @pytest.mark.slow
