@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark the converters on a synthetic checkpoint shaped exactly like Google's E2B QAT release.
 
-    python benchmarks/bench_repack.py WORKDIR [--small] [--json OUT.json]
+    python benchmarks/bench_repack.py WORKDIR [--small | --layers N] [--json OUT.json]
 
 Writes WORKDIR/qat (tensor names and shapes of google/gemma-4-E2B-it-qat-q4_0-unquantized, taken
 from transformers' Gemma 4 at E2B's config on the meta device; on-grid random bf16 values, about
@@ -35,9 +35,13 @@ GiB = 1024**3
 SHARD_BYTES = 4 * 10**9
 
 
-def e2b_text_config(small: bool) -> dict:
-    """E2B's text config (FACTS.md); --small shrinks it but keeps the layout."""
-    n = 10 if small else 35
+def e2b_text_config(small: bool, layers: int | None = None) -> dict:
+    """E2B's text config (FACTS.md); --small shrinks it but keeps the layout.
+
+    ``layers`` keeps E2B's tensor shapes but fewer decoder layers (the per-layer table is then
+    [262144, layers * 256]); the KV-shared share stays about 20 of 35.
+    """
+    n = layers or (10 if small else 35)
     return {
         "model_type": "gemma4_text",
         "vocab_size": 2048 if small else 262144,
@@ -50,7 +54,7 @@ def e2b_text_config(small: bool) -> dict:
         "num_key_value_heads": 1,
         "head_dim": 64 if small else 256,
         "global_head_dim": 128 if small else 512,
-        "num_kv_shared_layers": 4 if small else 20,
+        "num_kv_shared_layers": 4 if small else (20 if n == 35 else max(1, n * 20 // 35)),
         "use_double_wide_mlp": True,
         "layer_types": ["full_attention" if i % 5 == 4 else "sliding_attention" for i in range(n)],
         "sliding_window": 512,
@@ -60,11 +64,11 @@ def e2b_text_config(small: bool) -> dict:
     }
 
 
-def release_layout(small: bool) -> tuple[dict, list[tuple[str, tuple[int, ...]]]]:
+def release_layout(small: bool, layers: int | None = None) -> tuple[dict, list[tuple[str, tuple[int, ...]]]]:
     """(config.json, [(name, shape)]) of the release, from transformers' model on the meta device."""
     from transformers import Gemma4Config, Gemma4ForConditionalGeneration
 
-    tc = e2b_text_config(small)
+    tc = e2b_text_config(small, layers)
     cfg = {"model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"], "text_config": tc}
     if small:
         cfg["vision_config"] = {
@@ -92,7 +96,7 @@ def release_layout(small: bool) -> tuple[dict, list[tuple[str, tuple[int, ...]]]
     full["text_config"].pop("per_layer_config", None)
     full["text_config"]["global_head_dim"] = tc["global_head_dim"]
     full["architectures"] = ["Gemma4ForConditionalGeneration"]
-    if not small:
+    if not small and not layers:
         s = dict(shapes)
         lm = "model.language_model."
         assert s[f"{lm}embed_tokens_per_layer.weight"] == (262144, 8960)
@@ -103,11 +107,11 @@ def release_layout(small: bool) -> tuple[dict, list[tuple[str, tuple[int, ...]]]
     return full, shapes
 
 
-def write_source(out: Path, small: bool) -> int:
+def write_source(out: Path, small: bool, layers: int | None = None) -> int:
     """Write the synthetic release; returns its size in bytes."""
     from repack.steps import EMBED, LINEAR
 
-    cfg, shapes = release_layout(small)
+    cfg, shapes = release_layout(small, layers)
     out.mkdir(parents=True)
     gen = torch.Generator().manual_seed(0)
     pools: dict[int, torch.Tensor] = {}
@@ -188,16 +192,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("workdir", type=Path, help="scratch directory (about 40 GB free for the full run)")
     ap.add_argument("--small", action="store_true", help="tiny synthetic checkpoint: a smoke run in seconds")
+    ap.add_argument(
+        "--layers",
+        type=int,
+        help="E2B's shapes with fewer decoder layers (10, 15, ..., 35; 10: about 4.4 GB); default all 35 (about 10 GB)",
+    )
     ap.add_argument("--json", type=Path, help="also write the figures here")
     ap.add_argument("--keep", action="store_true", help="keep the outputs (default: delete each after use)")
     args = ap.parse_args(argv)
+    if args.layers is not None and (args.layers % 5 or not 10 <= args.layers <= 35):
+        # E2B's 4 sliding + 1 full pattern, and both kinds among the KV-shared layers too
+        ap.error(f"--layers must be a multiple of 5 from 10 to 35, got {args.layers}")
+    if args.layers and args.small:
+        ap.error("--layers and --small do not combine")
     wd = args.workdir
     wd.mkdir(parents=True, exist_ok=True)
     src = wd / "qat"
     if not (src / "config.json").exists():
         t0 = time.monotonic()
         shutil.rmtree(src, ignore_errors=True)
-        size = write_source(src, args.small)
+        size = write_source(src, args.small, args.layers)
         print(
             f"wrote synthetic source {src}: {size / 1e9:.2f} GB in {time.monotonic() - t0:.0f} s", flush=True
         )
@@ -233,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict] = []
     report = {
         "small": args.small,
+        "layers": args.layers or (None if args.small else 35),
         "cpus": os.cpu_count(),
         "python": sys.version.split()[0],
         "torch": torch.__version__,

@@ -69,3 +69,24 @@ def test_small_smoke_run(tmp_path):
     for x in report["results"]:
         assert x["exit"] == 0 and x["wall_s"] > 0 and x["peak_rss_gib"] > 0 and x["copy_s"] > 0
     assert "x copy" in r.stdout
+
+
+def test_fewer_layers_keep_e2b_shapes():
+    cfg, shapes = bench_repack.release_layout(small=False, layers=10)
+    s = dict(shapes)
+    tc = cfg["text_config"]
+    assert tc["num_hidden_layers"] == 10 and tc["num_kv_shared_layers"] == 5
+    assert s[f"{LM}embed_tokens.weight"] == (262144, 1536)
+    assert s[f"{LM}embed_tokens_per_layer.weight"] == (262144, 10 * 256)
+    assert s[f"{LM}layers.0.self_attn.q_proj.weight"] == (2048, 1536)
+    assert s[f"{LM}layers.4.self_attn.q_proj.weight"] == (4096, 1536)
+    assert f"{LM}layers.5.self_attn.k_proj.weight" not in s  # KV-shared from layer 5 on
+    assert f"{LM}layers.10.mlp.up_proj.weight" not in s
+
+
+@pytest.mark.parametrize("layers", ["7", "5", "40"])
+def test_layers_outside_the_e2b_pattern_are_refused(tmp_path, layers):
+    with pytest.raises(SystemExit) as e:
+        bench_repack.main([str(tmp_path / "w"), "--layers", layers])
+    assert e.value.code == 2
+    assert not (tmp_path / "w").exists()
