@@ -65,6 +65,7 @@ def converge(rig: dict[str, Path], token: str = TOKEN) -> tuple[int, list[dict[s
     evars = {
         "rig_model": "google-w4a16",
         "checkpoint_models_dir": str(rig["models"]),
+        "checkpoint_current_link": str(rig["models"] / "current"),
         "checkpoint_group": "root",
         "checkpoint_hub_python": str(rig["python"]),
         "checkpoint_hub_endpoint": "http://hub-mirror.internal:8080",

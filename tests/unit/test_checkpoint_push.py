@@ -23,6 +23,7 @@ def converge(tmp: Path, *args: str) -> tuple[int, list[dict[str, Any]], str]:
     evars = {
         "rig_model": "tiny-emb4",
         "checkpoint_models_dir": str(tmp / "models"),
+        "checkpoint_current_link": str(tmp / "models" / "current"),
         "checkpoint_source_dir": str(tmp / "src"),
         "checkpoint_group": "root",
     }
