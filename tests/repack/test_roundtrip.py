@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.repack.test_routes import tensors
+from tests.safetensors_dir import tensors
 
 pytestmark = pytest.mark.slow
 

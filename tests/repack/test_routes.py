@@ -3,26 +3,16 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 from compressed_tensors.quantization import QuantizationConfig
-from safetensors import safe_open
 
 from repack.packing import unpack_int4
 from tests.repack.conftest import TARGETS
+from tests.safetensors_dir import tensors
 
 pytestmark = pytest.mark.slow
-
-
-def tensors(d: Path) -> dict[str, torch.Tensor]:
-    out = {}
-    for f in sorted(d.glob("*.safetensors")):
-        with safe_open(str(f), "pt") as h:
-            for k in h.keys():  # noqa: SIM118 - safe_open handles are not iterable
-                out[k] = h.get_tensor(k)
-    return out
 
 
 @pytest.mark.parametrize("target", TARGETS)

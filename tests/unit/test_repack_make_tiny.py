@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
 
 from repack import grid
 from repack.make_tiny_qat import ON_GRID, build
+from tests.safetensors_dir import tensors
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "repack" / "make_tiny_qat.py"
@@ -21,15 +21,6 @@ SCRIPT = ROOT / "repack" / "make_tiny_qat.py"
 
 def _make(out: Path, *extra: str) -> None:
     subprocess.run([sys.executable, str(SCRIPT), str(out), *extra], check=True, capture_output=True)
-
-
-def _tensors(d: Path) -> dict[str, torch.Tensor]:
-    out = {}
-    for f in sorted(d.glob("*.safetensors")):
-        with safe_open(str(f), "pt") as h:
-            for k in h.keys():  # noqa: SIM118 - safe_open handles are not iterable
-                out[k] = h.get_tensor(k)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +44,7 @@ def test_config_is_written_like_the_release(tiny):
 
 
 def test_layout_and_marlin_shapes(tiny):
-    t = _tensors(tiny)
+    t = tensors(tiny)
     cfg = json.loads((tiny / "config.json").read_text())["text_config"]
     n, shared = cfg["num_hidden_layers"], cfg["num_kv_shared_layers"]
     assert any(k.startswith("model.vision_tower.") for k in t)
@@ -73,7 +64,7 @@ def test_layout_and_marlin_shapes(tiny):
 
 
 def test_every_quantized_tensor_is_on_grid_with_low_peaks(tiny):
-    t = _tensors(tiny)
+    t = tensors(tiny)
     peaks = set()
     for k, w in t.items():
         if not ON_GRID.match(k):
@@ -87,9 +78,9 @@ def test_every_quantized_tensor_is_on_grid_with_low_peaks(tiny):
     assert set(range(1, 9)) <= peaks  # groups peaking below level 8 exist
 
 
-def test_shared_kv_option_adds_the_missing_tensors(tmp_path, tiny):
+def test_shared_kv_option_adds_the_missingtensors(tmp_path, tiny):
     build(tmp_path / "kv", seed=0, with_shared_kv=True, force=False)
-    a, b = _tensors(tiny), _tensors(tmp_path / "kv")
+    a, b = tensors(tiny), tensors(tmp_path / "kv")
     extra = set(b) - set(a)
     assert extra and all(".self_attn.k_" in k or ".self_attn.v_proj" in k for k in extra)
     assert not set(a) - set(b)
