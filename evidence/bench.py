@@ -74,6 +74,8 @@ def one_request(url: str, model: str, prompt: list[int], output_len: int, timeou
         "max_tokens": output_len,
         "temperature": 0.0,
         "ignore_eos": True,
+        # Special and unused tokens would stream as empty text and hide when the first token came.
+        "skip_special_tokens": False,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
@@ -98,7 +100,7 @@ def one_request(url: str, model: str, prompt: list[int], output_len: int, timeou
             chunk = json.loads(data)
             if "error" in chunk:
                 raise BenchError(f"stream error: {chunk['error']}")
-            if ttft is None and any(c.get("text") for c in chunk.get("choices") or []):
+            if ttft is None and any(c.get("text") is not None for c in chunk.get("choices") or []):
                 ttft = time.perf_counter() - start
             if chunk.get("usage"):
                 usage = chunk["usage"]
@@ -358,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
             "output_len": args.output_len,
             "repeats": args.repeats,
             "ignore_eos": True,
+            "skip_special_tokens": False,
             "temperature": 0.0,
             "vocab_size": vocab,
             "seed": args.seed,
