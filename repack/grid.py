@@ -37,6 +37,7 @@ class GridResult:
     groups: int
     max_abs_error: float
     max_rel_step_error: float
+    packed: torch.Tensor | None = None  # pack_int4(levels), when the fast path made it on the way
 
 
 def check_group_shape(name: str, shape: tuple[int, ...] | list[int], group: int = GROUP) -> None:
@@ -82,11 +83,12 @@ def recover(block: torch.Tensor, group: int = GROUP) -> GridResult:
         bits = block.contiguous().view(torch.int16).numpy().view(np.uint16).reshape(-1, group)
         fast = grid_fast.recover_bf16(bits)
         if fast is not None:
-            levels, steps, solved, maxerr = fast
+            levels, packed, steps, solved, maxerr = fast
             n = steps.shape[0]
             rel = maxerr / np.maximum(steps, np.finfo(np.float32).tiny)
             return GridResult(
                 levels=torch.from_numpy(levels).reshape(rows, cols),
+                packed=torch.from_numpy(packed).reshape(rows, cols // 8),
                 steps=torch.from_numpy(steps).reshape(rows, cols // group),
                 off_grid=int(n - np.count_nonzero(solved)),
                 groups=n,

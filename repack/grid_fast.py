@@ -94,8 +94,8 @@ def _gcd_table() -> np.ndarray:
 _GCDS = _gcd_table()
 
 
-@numba.njit(parallel=True, cache=True, error_model="numpy")
-def _recover(bits, levels, steps, solved, maxerr, gcds):  # pragma: no cover - compiled
+@numba.njit(parallel=True, cache=True, nogil=True, error_model="numpy")
+def _recover(bits, levels, packed, steps, solved, maxerr, gcds):  # pragma: no cover - compiled
     """bits: bf16 as uint16 [n, 32]. Fills levels/steps/solved/maxerr; False if a value is not finite."""
     n = bits.shape[0]
     nchunks = (n + _CHUNK - 1) // _CHUNK
@@ -148,6 +148,11 @@ def _recover(bits, levels, steps, solved, maxerr, gcds):  # pragma: no cover - c
                         levels[g, j] = np.int8(np.rint(np.float32(levels[g, j]) / df))
                     step = step * df
                     e, nz = _errors(x, b, levels, g, step)
+            for w in range(GROUP // 8):  # pack_int4's words: nibble i of word w = level 8w+i, +8
+                word = np.uint32(0)
+                for i in range(8):
+                    word |= np.uint32(levels[g, 8 * w + i] + 8) << np.uint32(4 * i)
+                packed[g, w] = word
             steps[g] = step
             solved[g] = ok
             maxerr[g] = e if ok else _ZERO
@@ -189,16 +194,18 @@ def _recover(bits, levels, steps, solved, maxerr, gcds):  # pragma: no cover - c
     return True
 
 
-def recover_bf16(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
-    """bf16 groups as uint16 [n, 32] -> (levels int8 [n, 32], steps f32 [n], solved bool [n], max error f32 [n]).
+def recover_bf16(bits: np.ndarray) -> tuple[np.ndarray, ...] | None:
+    """bf16 groups as uint16 [n, 32] -> levels int8 [n, 32], packed int32 [n, 4] (pack_int4's
+    words), steps f32 [n], solved bool [n], max error f32 [n].
 
     None when a value is not finite (the caller then uses the reference).
     """
     n = bits.shape[0]
     levels = np.empty((n, GROUP), np.int8)
+    packed = np.empty((n, GROUP // 8), np.uint32)
     steps = np.empty(n, np.float32)
     solved = np.empty(n, np.bool_)
     maxerr = np.empty(n, np.float32)
-    if n and not _recover(np.ascontiguousarray(bits), levels, steps, solved, maxerr, _GCDS):
+    if n and not _recover(np.ascontiguousarray(bits), levels, packed, steps, solved, maxerr, _GCDS):
         return None
-    return levels, steps, solved, maxerr
+    return levels, packed.view(np.int32), steps, solved, maxerr

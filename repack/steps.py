@@ -99,7 +99,7 @@ def int4_unit(u: Unit, ctx: Context, extra_bases: tuple[str, ...] = ()) -> Unit:
         r = grid.recover(w)
         ctx.record(o.name, r)
         one = [
-            pack_int4(r.levels),
+            r.packed if r.packed is not None else pack_int4(r.levels),
             r.steps.to(SCALE_DTYPE),
             torch.tensor([rows, cols]) if start == 0 else None,
         ]

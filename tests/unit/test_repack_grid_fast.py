@@ -20,6 +20,7 @@ def _same(block: torch.Tensor) -> grid.GridResult:
     assert (fast.off_grid, fast.groups) == (ref.off_grid, ref.groups)
     assert fast.max_abs_error == ref.max_abs_error
     assert fast.max_rel_step_error == ref.max_rel_step_error
+    assert ref.packed is None and torch.equal(fast.packed, pack_int4_reference(ref.levels))
     return fast
 
 
