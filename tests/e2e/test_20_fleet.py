@@ -57,10 +57,3 @@ def test_broken_model_stops_the_rollout_at_the_first_rig(fleet, broken_catalog) 
     for _container, port in RIGS.values():
         assert served_models(port) == ["tiny-w8a8"]
     assert unit_started_at("gemma-rig-b") == b_started  # the rollout never reached rig-b
-
-
-def test_fleet_back_to_the_default(fleet) -> None:
-    run = run_playbook("swap.yml", "-e", "model=tiny-emb4", inventory=FLEET)
-    assert run.rc == 0, run.output[-6000:]
-    for _container, port in RIGS.values():
-        assert served_models(port) == ["tiny-emb4"]
