@@ -13,7 +13,8 @@ from tests.e2e.test_10_swap import broken_catalog  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
-FLEET = Path(__file__).with_name("fleet.yml")
+# Layered on the default inventory, so inventory/group_vars applies to rig-b too.
+FLEET = ("-i", "inventory/local.yml", "-i", str(Path(__file__).with_name("fleet.yml")))
 RIGS = {"rig-local": ("gemma-rig", 8000), "rig-b": ("gemma-rig-b", 8001)}
 
 
@@ -24,10 +25,10 @@ def started_seconds(container: str) -> float:
 
 @pytest.fixture(scope="module")
 def fleet(local_rig):
-    run = run_playbook("site.yml", inventory=FLEET)
+    run = run_playbook("site.yml", *FLEET)
     assert run.rc == 0, run.output[-6000:]
     yield run
-    down = run_playbook("teardown.yml", "-l", "rig-b", inventory=FLEET)
+    down = run_playbook("teardown.yml", "-l", "rig-b", *FLEET)
     assert down.rc == 0, down.output[-4000:]
 
 
@@ -38,7 +39,7 @@ def test_second_rig_joins_and_the_first_is_left_alone(fleet, figure) -> None:
 
 
 def test_rolling_swap_updates_one_rig_at_a_time(fleet) -> None:
-    run = run_playbook("swap.yml", "-e", "model=tiny-w8a8", inventory=FLEET)
+    run = run_playbook("swap.yml", "-e", "model=tiny-w8a8", *FLEET)
     assert run.rc == 0, run.output[-6000:]
     for _container, port in RIGS.values():
         assert served_models(port) == ["tiny-w8a8"]
@@ -51,7 +52,7 @@ def test_rolling_swap_updates_one_rig_at_a_time(fleet) -> None:
 
 def test_broken_model_stops_the_rollout_at_the_first_rig(fleet, broken_catalog) -> None:  # noqa: F811
     b_started = unit_started_at("gemma-rig-b")
-    run = run_playbook("swap.yml", "-e", "model=tiny-broken", "-e", f"@{broken_catalog}", inventory=FLEET)
+    run = run_playbook("swap.yml", "-e", "model=tiny-broken", "-e", f"@{broken_catalog}", *FLEET)
     assert run.rc != 0
     assert "swap tiny-w8a8 -> tiny-broken failed on rig-local" in run.output, run.output[-6000:]
     for _container, port in RIGS.values():
