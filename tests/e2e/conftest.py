@@ -6,6 +6,7 @@ use the running rig, then test_99_teardown.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import pytest
@@ -30,11 +31,16 @@ class LocalRig:
 
 @pytest.fixture(scope="session")
 def local_rig() -> LocalRig:
-    """Stand up the local rig from no container at all, with plain `ansible-playbook site.yml`."""
-    for name in rig_containers():
-        podman("rm", "-f", name)
-    podman("volume", "rm", "-f", f"{CONTAINER}-data")
-    assert CONTAINER not in rig_containers()
+    """Stand up the local rig from no container at all, with plain `ansible-playbook site.yml`.
+
+    RIG_E2E_REUSE=1 keeps a rig that is already there (site.yml then only converges it): for a
+    developer's inner loop, never for CI.
+    """
+    if not os.environ.get("RIG_E2E_REUSE"):
+        for name in rig_containers():
+            podman("rm", "-f", name)
+        podman("volume", "rm", "-f", f"{CONTAINER}-data")
+        assert CONTAINER not in rig_containers()
     run = run_playbook("site.yml")
     assert run.rc == 0, run.output[-6000:]
     return LocalRig(CONTAINER, PORT, MODEL, run)
