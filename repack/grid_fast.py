@@ -28,6 +28,17 @@ _CHUNK = 1024  # groups per scratch buffer (128 KiB of float32: stays in L2)
 
 
 @numba.njit(inline="always", error_model="numpy")
+def _load_chunk(bits, g0, g1):  # pragma: no cover - compiled
+    """Groups g0..g1 of raw bf16 bits as float32 (bf16 is the top half of a float32)."""
+    x = np.empty((_CHUNK, GROUP), np.float32)
+    xu = x.view(np.uint32)
+    for b in range(g1 - g0):
+        for j in range(GROUP):
+            xu[b, j] = np.uint32(bits[g0 + b, j]) << 16
+    return x
+
+
+@numba.njit(inline="always", error_model="numpy")
 def _misses(x, b, step):  # pragma: no cover - compiled
     """Whether ``step`` misses a value of group ``b`` (row of x): grid._fits, negated.
 
@@ -104,11 +115,7 @@ def _recover(bits, levels, packed, steps, solved, maxerr, gcds):  # pragma: no c
     for c in numba.prange(nchunks):
         g0 = c * _CHUNK
         g1 = min(n, g0 + _CHUNK)
-        x = np.empty((_CHUNK, GROUP), np.float32)
-        xu = x.view(np.uint32)
-        for b in range(g1 - g0):
-            for j in range(GROUP):
-                xu[b, j] = np.uint32(bits[g0 + b, j]) << 16
+        x = _load_chunk(bits, g0, g1)
         for b in range(g1 - g0):
             g = g0 + b
             amax = _ZERO
@@ -166,11 +173,7 @@ def _recover(bits, levels, packed, steps, solved, maxerr, gcds):  # pragma: no c
     for c in numba.prange(nchunks):
         g0 = c * _CHUNK
         g1 = min(n, g0 + _CHUNK)
-        x = np.empty((_CHUNK, GROUP), np.float32)
-        xu = x.view(np.uint32)
-        for b in range(g1 - g0):
-            for j in range(GROUP):
-                xu[b, j] = np.uint32(bits[g0 + b, j]) << 16
+        x = _load_chunk(bits, g0, g1)
         for b in range(g1 - g0):
             g = g0 + b
             if not solved[g]:
