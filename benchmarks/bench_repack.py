@@ -165,7 +165,11 @@ def dir_bytes(d: Path) -> int:
 
 
 def run_child(cmd: list[str]) -> tuple[float, int, int]:
-    """(wall seconds, peak RSS bytes of the child, exit code)."""
+    """(wall seconds, peak RSS bytes of the child, exit code).
+
+    Dirty pages are flushed first, so neither the copy nor a tool pays for the other's writeback.
+    """
+    os.sync()
     t0 = time.monotonic()
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(p.pid, 0)

@@ -25,7 +25,31 @@ def add_io(
         "out", metavar="OUT", type=Path, help="output directory (written beside, renamed when complete)"
     )
     ap.add_argument("--force", action="store_true", help="replace OUT if it already exists")
+    add_common(ap)
+
+
+def add_common(ap: argparse.ArgumentParser) -> None:
+    """--quiet and --jobs, which every tool takes."""
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    ap.add_argument(
+        "-j",
+        "--jobs",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="worker threads (default: every CPU); memory stays bounded whatever N",
+    )
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer of 1 or more."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {n}")
+    return n
 
 
 def guarded(prog: str, fn: Callable[[], int]) -> int:
@@ -47,7 +71,9 @@ def convert(prog: str, args: argparse.Namespace, steps: list[Step]) -> int:
     """Run ``steps`` from args.src to args.out and print the closing summary."""
 
     def go() -> int:
-        s: Summary = run(args.src, args.out, steps, force=args.force, quiet=args.quiet, label=prog)
+        s: Summary = run(
+            args.src, args.out, steps, force=args.force, quiet=args.quiet, label=prog, jobs=args.jobs
+        )
         print(f"{prog}: wrote {args.out}: {s.line()}")
         return 0
 

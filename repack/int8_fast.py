@@ -28,14 +28,17 @@ def quantize_reference(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, flo
     return q, scale, float(err.max()) if err.numel() else 0.0
 
 
-@numba.njit(parallel=True, cache=True, nogil=True, error_model="numpy")
+@numba.njit(cache=True, nogil=True, error_model="numpy")
 def _quantize(bits, q, scale, errs):  # pragma: no cover - compiled
-    """bits: bf16 as uint16 [rows, cols]. False if a value is not finite."""
+    """bits: bf16 as uint16 [rows, cols]. False if a value is not finite.
+
+    Serial and GIL-free: the pipeline runs one call per worker thread on separate row chunks.
+    """
     rows, cols = bits.shape
     bad = np.zeros(rows, np.uint8)
-    for r in numba.prange(rows):
-        x = np.empty(cols, np.float32)
-        xu = x.view(np.uint32)
+    x = np.empty(cols, np.float32)
+    xu = x.view(np.uint32)
+    for r in range(rows):
         for j in range(cols):
             xu[j] = np.uint32(bits[r, j]) << 16
         amax = _ZERO

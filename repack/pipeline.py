@@ -7,8 +7,12 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from tqdm import tqdm
@@ -19,7 +23,8 @@ from repack.st_io import ShardWriter, Source
 from repack.steps import Context, Step
 from repack.units import Out, Unit
 
-CHUNK_BYTES = 32 * 1024 * 1024  # source bytes per row chunk: bounds memory, keeps reads large
+CHUNK_BYTES = 32 * 1024 * 1024  # source bytes per row chunk at most: keeps reads large
+IN_FLIGHT_BYTES = 768 * 1024 * 1024  # source bytes being converted at once, all workers together
 STAMP = "repack.json"
 WEIGHT_FILES = ("config.json", "model.safetensors.index.json", STAMP)
 
@@ -83,44 +88,121 @@ def source_units(src: Source) -> list[Unit]:
     return units
 
 
-def validate_quant_config(cfg: dict) -> None:
-    """compressed-tensors' own models are the judge of a quantization_config."""
-    qc = cfg.get("quantization_config")
-    if qc is None:
-        return
+def default_jobs() -> int:
+    """Worker threads: every CPU this process may run on."""
     try:
-        from compressed_tensors.quantization import QuantizationConfig
-    except ImportError:
-        # A bare host (e.g. one converting without vLLM's virtualenv) can still convert; the
-        # tests validate every target's config with compressed-tensors on the controller.
-        print(
-            "warning: compressed-tensors is not installed; quantization_config not validated", file=sys.stderr
-        )
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def chunk_bytes(jobs: int) -> int:
+    """Source bytes per row chunk: 32 MiB, smaller when many workers would exceed the memory budget.
+
+    A chunk in flight holds its source rows and its outputs (about 1.8x the rows for int4), so
+    IN_FLIGHT_BYTES bounds the peak memory whatever the core count.
+    """
+    return max(4 << 20, min(CHUNK_BYTES, IN_FLIGHT_BYTES // max(1, jobs)))
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def bounded_map(fn: Callable[[T], R], items: Iterable[T], jobs: int) -> Iterator[tuple[T, R]]:
+    """(item, fn(item)) in completion order, with at most ``jobs`` calls running or done-unread.
+
+    The converters' heavy calls (pread, the numba kernels, pwrite) release the GIL, so threads
+    spread them over the cores; the bound keeps memory at ``jobs`` chunks. The first exception
+    cancels what has not started and is raised here.
+    """
+    if jobs <= 1:
+        for it in items:
+            yield it, fn(it)
         return
-    QuantizationConfig.model_validate(qc)
+    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="repack") as pool:
+        pending: dict[Future, T] = {}
+        try:
+            for it in items:
+                if len(pending) >= jobs:
+                    done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    for f in done:
+                        yield pending.pop(f), f.result()
+                pending[pool.submit(fn, it)] = it
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for f in done:
+                    yield pending.pop(f), f.result()
+        finally:
+            for f in pending:
+                f.cancel()
 
 
-def _write_units(path: Path, units: list[Unit], bar: tqdm, summary: Summary) -> None:
+@contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    """torch's own thread pool at ``n`` threads: the workers already use every core."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _copy_range(fd_in: int, off_in: int, fd_out: int, off_out: int, length: int, what: str) -> None:
+    """``length`` bytes from one file to another inside the kernel (no trip through this process)."""
+    while length > 0:
+        n = os.copy_file_range(fd_in, fd_out, length, off_in, off_out)
+        if n == 0:
+            raise OSError(f"short copy from {what}")
+        off_in, off_out, length = off_in + n, off_out + n, length - n
+
+
+def _direct(src: Source, u: Unit) -> bool:
+    """True when ``u`` is a source tensor written as it is (maybe renamed): a block copy will do."""
+    return u.passthrough and u.outs[0].dtype == src.tensors[u.src].dtype  # type: ignore[index]
+
+
+def _tasks(src: Source, units: list[Unit], chunk: int) -> Iterator[tuple[Unit, int, int]]:
+    """(unit, start row, stop row) pieces of work; (unit, -1, -1) is a whole-tensor block copy."""
+    for u in units:
+        if _direct(src, u):
+            yield u, -1, -1
+        elif u.nrows == 0:
+            yield u, 0, 0
+        else:
+            step = max(1, chunk // max(1, u.row_bytes))
+            for start in range(0, u.nrows, step):
+                yield u, start, min(u.nrows, start + step)
+
+
+def _write_units(src: Source, path: Path, units: list[Unit], bar: tqdm, summary: Summary, jobs: int) -> None:
+    """Write one output shard: workers convert row chunks in parallel, each written at its offset."""
     specs = [(o.name, o.dtype, o.shape) for u in units for o in u.outs]
     w = ShardWriter(path, specs)
+
+    def work(task: tuple[Unit, int, int]) -> int:
+        u, start, stop = task
+        if start < 0:
+            info = src.tensors[u.src]  # type: ignore[index]
+            lo, _ = w.offsets[u.outs[0].name]
+            _copy_range(src.fd(info.shard), info.start, w.fd, w.data_start + lo, info.nbytes, str(info.shard))
+            return u.src_bytes
+        if u.nrows == 0:
+            for o, t in zip(u.outs, u.produce(0, 0), strict=True):
+                w.write(o.name, t.reshape(o.shape).to(o.dtype))
+            return u.src_bytes
+        for o, t in zip(u.outs, u.produce(start, stop), strict=True):
+            if t is not None:
+                w.write(o.name, t.to(o.dtype), start if o.rowwise else 0)
+        return u.row_bytes * (stop - start)
+
     try:
-        for u in units:
-            if u.nrows == 0:
-                for o, t in zip(u.outs, u.produce(0, 0), strict=True):
-                    w.write(o.name, t.reshape(o.shape).to(o.dtype))
-                bar.update(u.src_bytes)
-                continue
-            step = max(1, CHUNK_BYTES // max(1, u.row_bytes))
-            for start in range(0, u.nrows, step):
-                stop = min(u.nrows, start + step)
-                for o, t in zip(u.outs, u.produce(start, stop), strict=True):
-                    if t is None:
-                        continue
-                    w.write(o.name, t.to(o.dtype), start if o.rowwise else 0)
-                bar.update(u.row_bytes * (stop - start))
-            summary.tensors_converted += int(u.converted and u.src is not None)
+        for _, nbytes in bounded_map(work, _tasks(src, units, chunk_bytes(jobs)), jobs):
+            bar.update(nbytes)
     finally:
         w.close()
+    summary.tensors_converted += sum(u.converted and u.src is not None for u in units)
 
 
 def _rename_copy(src: Source, shard: Path, units: list[Unit], dst: Path) -> None:
@@ -130,14 +212,7 @@ def _rename_copy(src: Source, shard: Path, units: list[Unit], dst: Path) -> None
     w = ShardWriter(dst, specs)
     try:
         _, data = src.headers[shard]
-        with open(shard, "rb") as f:
-            length = shard.stat().st_size - data
-            off_in, off_out = data, w.data_start
-            while length > 0:
-                n = os.copy_file_range(f.fileno(), w.fd, length, off_in, off_out)
-                if n == 0:
-                    raise OSError(f"short copy from {shard}")
-                off_in, off_out, length = off_in + n, off_out + n, length - n
+        _copy_range(src.fd(shard), data, w.fd, w.data_start, shard.stat().st_size - data, str(shard))
     finally:
         w.close()
 
@@ -184,16 +259,20 @@ def run(
     force: bool = False,
     quiet: bool = False,
     label: str = "",
+    jobs: int | None = None,
 ) -> Summary:
-    """Apply ``steps`` to the checkpoint in ``src_dir`` and write the result to ``out`` atomically."""
+    """Apply ``steps`` to the checkpoint in ``src_dir`` and write the result to ``out`` atomically.
+
+    ``jobs`` worker threads convert row chunks side by side (default: every CPU).
+    """
     t0 = time.monotonic()
+    jobs = jobs or default_jobs()
     src = Source(src_dir)
     ctx = Context()
     units = source_units(src)
     cfg = src.config
     for step in steps:
         units, cfg = step(units, cfg, ctx)
-    validate_quant_config(cfg)
     summary = Summary(steps=step_names(steps))
     shards = _plan_shards(src, units)
     total_in = sum(u.src_bytes for _, us in shards for u in us)
@@ -218,7 +297,8 @@ def run(
                     summary.shards_copied += 1
                     bar.update(sum(u.src_bytes for u in us))
                 else:
-                    _write_units(dst, us, bar, summary)
+                    with _torch_threads(1 if jobs > 1 else torch.get_num_threads()):
+                        _write_units(src, dst, us, bar, summary, jobs)
                 for u in us:
                     weight_map.update(dict.fromkeys((o.name for o in u.outs), fname))
                 summary.bytes_out += dst.stat().st_size

@@ -22,29 +22,44 @@ from repack.steps import EMBED, LINEAR, STEPS, repack
 PROG = "repack_q4_0.py"
 
 
-def check(src_dir: Path, quiet: bool) -> int:
+def check(src_dir: Path, quiet: bool, jobs: int | None = None) -> int:
     """Print groups, off-grid groups and worst error per quantizable tensor and in total."""
     from tqdm import tqdm
+
+    from repack.pipeline import bounded_map, chunk_bytes, default_jobs
 
     src = Source(src_dir)
     names = [n for n in sorted(src.tensors) if LINEAR.match(n) or EMBED.match(n)]
     if not names:
         raise ValueError(f"{src_dir}: no language-model linears or embedding tables to check")
-    total_groups = total_off = 0
-    worst = 0.0
-    print(f"{'tensor':<72} {'groups':>12} {'off-grid':>9} {'max err':>10} {'err/step':>9}")
-    for name in tqdm(names, desc="check", disable=quiet, file=sys.stderr):
+    for name in names:
+        grid.check_group_shape(name, src.tensors[name].shape)
+    jobs = jobs or default_jobs()
+    chunk = chunk_bytes(jobs)
+    tasks = []
+    for name in names:
         info = src.tensors[name]
-        grid.check_group_shape(name, info.shape)
-        step = max(1, (32 << 20) // max(1, info.nbytes // info.shape[0]))
-        g = off = 0
-        err = rel = 0.0
-        for start in range(0, info.shape[0], step):
-            r = grid.recover(src.rows(name, start, start + step))
-            g, off = g + r.groups, off + r.off_grid
-            err, rel = max(err, r.max_abs_error), max(rel, r.max_rel_step_error)
-        total_groups, total_off, worst = total_groups + g, total_off + off, max(worst, err)
+        step = max(1, chunk // max(1, info.nbytes // info.shape[0]))
+        tasks += [(name, start, min(info.shape[0], start + step)) for start in range(0, info.shape[0], step)]
+
+    def one(task: tuple[str, int, int]) -> grid.GridResult:
+        name, start, stop = task
+        return grid.recover(src.rows(name, start, stop))
+
+    per: dict[str, list] = {n: [0, 0, 0.0, 0.0] for n in names}
+    total = sum(src.tensors[n].nbytes for n in names)
+    with tqdm(total=total, unit="B", unit_scale=True, desc="check", disable=quiet, file=sys.stderr) as bar:
+        for (name, start, stop), r in bounded_map(one, tasks, jobs):
+            p = per[name]
+            p[0], p[1] = p[0] + r.groups, p[1] + r.off_grid
+            p[2], p[3] = max(p[2], r.max_abs_error), max(p[3], r.max_rel_step_error)
+            bar.update(src.tensors[name].nbytes // src.tensors[name].shape[0] * (stop - start))
+    print(f"{'tensor':<72} {'groups':>12} {'off-grid':>9} {'max err':>10} {'err/step':>9}")
+    for name, (g, off, err, rel) in per.items():
         print(f"{name:<72} {g:>12} {off:>9} {err:>10.3g} {rel:>9.3g}")
+    total_groups = sum(p[0] for p in per.values())
+    total_off = sum(p[1] for p in per.values())
+    worst = max(p[2] for p in per.values())
     print(f"{'TOTAL':<72} {total_groups:>12} {total_off:>9} {worst:>10.3g}")
     if total_off:
         print(f"{PROG}: {total_off} group(s) fit no Q4_0 grid", file=sys.stderr)
@@ -66,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_io(p)
     p = sub.add_parser("check", help="grid report per tensor and in total; writes nothing")
     p.add_argument("src", metavar="SRC", type=Path, help="source checkpoint directory")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    cli.add_common(p)
     p = sub.add_parser("build", help="one pass from the QAT source to a served build, reading it once")
     cli.add_io(p)
     p.add_argument(
@@ -87,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     if args.cmd == "check":
-        return cli.guarded(PROG, lambda: check(args.src, args.quiet))
+        return cli.guarded(PROG, lambda: check(args.src, args.quiet, args.jobs))
     if args.cmd == "repack":
         return cli.convert(PROG, args, [repack])
     steps = STEPS[args.target]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,6 +123,7 @@ class Source:
                     name, shard, DTYPES[info["dtype"]], tuple(info["shape"]), data + lo, data + hi
                 )
         self._fds: dict[Path, int] = {}
+        self._lock = threading.Lock()  # the converters read from several threads
 
     def _shard_files(self) -> list[Path]:
         index = self.path / "model.safetensors.index.json"
@@ -160,19 +162,21 @@ class Source:
             out_shape = (stop - start, *row_shape)
         n = (stop - start) * row_bytes
         buf = np.empty(n, dtype=np.uint8)
-        fd = self._fd(info.shard)
+        fd = self.fd(info.shard)
         got = os.preadv(fd, [memoryview(buf)], info.start + start * row_bytes) if n else 0
         if got != n:
             raise CheckpointError(f"{info.shard}: short read of {name} ({got} of {n} bytes)")
         return torch.from_numpy(buf).view(info.dtype).reshape(out_shape)
 
-    def _fd(self, shard: Path) -> int:
-        if shard not in self._fds:
-            try:
-                self._fds[shard] = os.open(shard, os.O_RDONLY)
-            except OSError as exc:
-                raise CheckpointError(f"{shard}: cannot open: {exc}") from exc
-        return self._fds[shard]
+    def fd(self, shard: Path) -> int:
+        """A read-only descriptor of ``shard``, opened once and shared (reads are positional)."""
+        with self._lock:
+            if shard not in self._fds:
+                try:
+                    self._fds[shard] = os.open(shard, os.O_RDONLY)
+                except OSError as exc:
+                    raise CheckpointError(f"{shard}: cannot open: {exc}") from exc
+            return self._fds[shard]
 
     def close(self) -> None:
         for fd in self._fds.values():
@@ -221,17 +225,21 @@ class ShardWriter:
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.pwrite(self.fd, struct.pack("<Q", len(raw)) + raw, 0)
         os.ftruncate(self.fd, self.size)
-        self.written = 0
 
     def write(self, name: str, tensor: torch.Tensor, row: int = 0) -> None:
-        """Write ``tensor`` as rows starting at ``row`` of tensor ``name`` (row 0 for whole tensors)."""
+        """Write ``tensor`` as rows starting at ``row`` of tensor ``name`` (row 0 for whole tensors).
+
+        Positional writes to disjoint ranges: several threads may write to one shard at once.
+        """
         lo, hi = self.offsets[name]
         buf = tensor.contiguous().reshape(-1).view(torch.uint8).numpy()
         at = lo + row * self.row_bytes[name]
         if at + buf.nbytes > hi:
             raise ValueError(f"{name}: write past the end of the tensor")
-        os.pwrite(self.fd, memoryview(buf), self.data_start + at)
-        self.written += buf.nbytes
+        view, pos = memoryview(buf), self.data_start + at
+        while view.nbytes:  # pwrite may write less than asked (large buffers, signals)
+            n = os.pwrite(self.fd, view, pos)
+            view, pos = view[n:], pos + n
 
     def close(self) -> None:
         os.close(self.fd)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -53,13 +54,21 @@ class Context:
     """What the steps record while the writer pulls data through them."""
 
     stats: dict[str, TensorStats] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)  # chunks finish on several threads
 
     def record(self, name: str, r: grid.GridResult) -> None:
-        s = self.stats.setdefault(name, TensorStats())
-        s.groups += r.groups
-        s.off_grid += r.off_grid
-        s.max_abs_error = max(s.max_abs_error, r.max_abs_error)
-        s.max_step_error = max(s.max_step_error, r.max_rel_step_error)
+        with self.lock:
+            s = self.stats.setdefault(name, TensorStats())
+            s.groups += r.groups
+            s.off_grid += r.off_grid
+            s.max_abs_error = max(s.max_abs_error, r.max_abs_error)
+            s.max_step_error = max(s.max_step_error, r.max_rel_step_error)
+
+    def record_error(self, name: str, groups: int, err: float) -> None:
+        with self.lock:
+            s = self.stats.setdefault(name, TensorStats())
+            s.groups += groups
+            s.max_abs_error = max(s.max_abs_error, err)
 
     @property
     def off_grid(self) -> dict[str, int]:
@@ -125,9 +134,7 @@ def int8_unit(u: Unit, ctx: Context) -> Unit:
 
     def produce(start: int, stop: int) -> list[torch.Tensor | None]:
         q, scale, err = int8_fast.quantize(inner(start, stop)[0])
-        s = ctx.stats.setdefault(o.name, TensorStats())
-        s.groups += rows if start == 0 else 0
-        s.max_abs_error = max(s.max_abs_error, err)
+        ctx.record_error(o.name, stop - start, err)
         return [q, scale]
 
     return Unit(outs, rows, produce, u.shard, u.src, u.src_bytes, u.row_bytes, True, set(u.tags))

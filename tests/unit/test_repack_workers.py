@@ -1,0 +1,101 @@
+"""The converters' worker threads: same bytes whatever the job count, bounded, errors surface."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from repack import pipeline, repack_q4_0
+from repack.make_tiny_qat import build
+from repack.pipeline import bounded_map, chunk_bytes, run
+from repack.steps import STEPS
+
+
+@pytest.fixture(scope="module")
+def qat(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("workers") / "qat"
+    build(d, seed=3, with_shared_kv=False, force=False)
+    return d
+
+
+def _digests(d: Path) -> dict[str, str]:
+    return {
+        f.name: hashlib.sha256(f.read_bytes()).hexdigest()
+        for f in sorted(d.iterdir())
+        if f.suffix == ".safetensors"
+    }
+
+
+@pytest.mark.parametrize("target", sorted(STEPS))
+def test_every_job_count_writes_the_same_bytes(qat, tmp_path, monkeypatch, target):
+    # Small chunks, so every tensor is split over several workers and chunks finish out of order.
+    monkeypatch.setattr(pipeline, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(pipeline, "chunk_bytes", lambda jobs: 4096)
+    serial = run(qat, tmp_path / "j1", STEPS[target], quiet=True, jobs=1)
+    parallel = run(qat, tmp_path / "j4", STEPS[target], quiet=True, jobs=4)
+    assert _digests(tmp_path / "j1") == _digests(tmp_path / "j4")
+    assert (tmp_path / "j1" / "config.json").read_text() == (tmp_path / "j4" / "config.json").read_text()
+    assert serial.tensors_converted == parallel.tensors_converted > 0
+    assert serial.bytes_out == parallel.bytes_out
+
+
+def test_check_reports_the_same_with_any_job_count(qat, capsys):
+    assert repack_q4_0.main(["check", str(qat), "-q", "-j", "1"]) == 0
+    one = capsys.readouterr().out
+    assert repack_q4_0.main(["check", str(qat), "-q", "--jobs", "3"]) == 0
+    assert capsys.readouterr().out == one
+    assert "TOTAL" in one
+
+
+def test_jobs_must_be_positive(qat, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        repack_q4_0.main(["build", str(qat), str(tmp_path / "o"), "--target", "emb4", "-j", "0"])
+    assert exc.value.code == 2
+    assert "must be 1 or more" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_bounded_map_keeps_at_most_jobs_running_and_yields_everything():
+    running = 0
+    peak = 0
+    lock = threading.Lock()
+
+    def work(i: int) -> int:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+        time.sleep(0.005)
+        with lock:
+            running -= 1
+        return i * i
+
+    got = dict(bounded_map(work, range(40), 3))
+    assert got == {i: i * i for i in range(40)}
+    assert 1 < peak <= 3
+
+
+def test_bounded_map_raises_the_first_error_and_stops_submitting():
+    started = []
+
+    def work(i: int) -> int:
+        started.append(i)
+        if i == 2:
+            raise ValueError("chunk 2 is bad")
+        time.sleep(0.01)
+        return i
+
+    with pytest.raises(ValueError, match="chunk 2 is bad"):
+        for _ in bounded_map(work, range(1000), 2):
+            pass
+    assert len(started) < 20  # the rest were never submitted
+
+
+def test_chunk_size_shrinks_with_many_workers_to_bound_memory():
+    assert chunk_bytes(1) == chunk_bytes(16) == 32 << 20
+    assert chunk_bytes(64) * 64 <= pipeline.IN_FLIGHT_BYTES
+    assert chunk_bytes(10_000) == 4 << 20  # never tiny: reads stay large
