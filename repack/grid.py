@@ -69,19 +69,20 @@ def _gcd_rows(lv: torch.Tensor) -> torch.Tensor:
     return g
 
 
-def recover(block: torch.Tensor, group: int = GROUP) -> GridResult:
+def recover(block: torch.Tensor, group: int = GROUP, reuse: bool = False) -> GridResult:
     """Recover levels and steps of a [rows, cols] block; off-grid groups are counted, not raised.
 
     bf16 blocks of 32-value groups go through the compiled kernel (grid_fast), which gives the
     same result as ``recover_reference`` bit for bit at GB/s; other dtypes, other group sizes
-    and blocks with non-finite values take the reference.
+    and blocks with non-finite values take the reference. With ``reuse`` the kernel's outputs
+    live in this thread's scratch buffers (repack.scratch: consume them before the next chunk).
     """
     if block.dtype == torch.bfloat16 and group == GROUP and block.dim() == 2:
         from repack import grid_fast  # numba's import is paid only by steps that recover grids
 
         rows, cols = block.shape
         bits = block.contiguous().view(torch.int16).numpy().view(np.uint16).reshape(-1, group)
-        fast = grid_fast.recover_bf16(bits)
+        fast = grid_fast.recover_bf16(bits, reuse)
         if fast is not None:
             levels, packed, steps, solved, maxerr = fast
             n = steps.shape[0]

@@ -13,6 +13,8 @@ import numba
 import numpy as np
 import torch
 
+from repack import scratch
+
 _ZERO = np.float32(0.0)
 _ONE = np.float32(1.0)
 _127 = np.float32(127.0)
@@ -60,13 +62,16 @@ def _quantize(bits, q, scale, errs):  # pragma: no cover - compiled
     return not bad.any()
 
 
-def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """quantize_reference, compiled for bf16 rows (other dtypes and non-finite rows use torch)."""
+def quantize(w: torch.Tensor, reuse: bool = False) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """quantize_reference, compiled for bf16 rows (other dtypes and non-finite rows use torch).
+
+    With ``reuse`` the int8 rows live in this thread's scratch buffer (repack.scratch).
+    """
     if w.dtype != torch.bfloat16 or w.dim() != 2 or not w.numel():
         return quantize_reference(w)
     rows, cols = w.shape
     bits = w.contiguous().view(torch.int16).numpy().view(np.uint16)
-    q = np.empty((rows, cols), np.int8)
+    q = scratch.fresh_or_reused(reuse, "int8", (rows, cols), np.int8)
     scale = np.empty((rows, 1), np.float32)
     errs = np.empty(rows, np.float32)
     if not _quantize(bits, q, scale, errs):

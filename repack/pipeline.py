@@ -69,7 +69,7 @@ def source_units(src: Source) -> list[Unit]:
         name = info.name
 
         def produce(start: int, stop: int, name: str = name) -> list[torch.Tensor | None]:
-            return [src.rows(name, start, stop)]
+            return [src.rows(name, start, stop, reuse=True)]
 
         rowwise = len(info.shape) >= 2
         nrows = info.shape[0] if rowwise else 0

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from repack import scratch
+
 DTYPES = {
     "BF16": torch.bfloat16,
     "F16": torch.float16,
@@ -142,12 +144,13 @@ class Source:
             raise CheckpointError(f"{self.path}: no .safetensors files")
         return files
 
-    def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+    def rows(self, name: str, start: int, stop: int, reuse: bool = False) -> torch.Tensor:
         """Rows [start, stop) of a tensor (the whole tensor for 0-d and 1-d ones).
 
         Read with pread into a private buffer rather than through safetensors' mmap: mapped
         pages stay resident in this process (the RSS of a full E2B pass grew to 9.6 GiB), while
-        a buffer is freed with the chunk, so memory stays bounded by the chunk size.
+        a buffer is freed with the chunk, so memory stays bounded by the chunk size. With
+        ``reuse`` the buffer is this thread's scratch (see repack.scratch for the contract).
         """
         info = self.tensors[name]
         if len(info.shape) < 2:
@@ -161,7 +164,7 @@ class Source:
             row_bytes = info.nbytes // info.shape[0] if info.shape[0] else 0
             out_shape = (stop - start, *row_shape)
         n = (stop - start) * row_bytes
-        buf = np.empty(n, dtype=np.uint8)
+        buf = scratch.fresh_or_reused(reuse, "rows", (n,), np.uint8)
         fd = self.fd(info.shard)
         got = os.preadv(fd, [memoryview(buf)], info.start + start * row_bytes) if n else 0
         if got != n:

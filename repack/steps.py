@@ -105,7 +105,7 @@ def int4_unit(u: Unit, ctx: Context, extra_bases: tuple[str, ...] = ()) -> Unit:
 
     def produce(start: int, stop: int) -> list[torch.Tensor | None]:
         w = inner(start, stop)[0]
-        r = grid.recover(w)
+        r = grid.recover(w, reuse=True)
         ctx.record(o.name, r)
         one = [
             r.packed if r.packed is not None else pack_int4(r.levels),
@@ -133,7 +133,7 @@ def int8_unit(u: Unit, ctx: Context) -> Unit:
     from repack import int8_fast  # numba's import is paid only by the W8A8 step
 
     def produce(start: int, stop: int) -> list[torch.Tensor | None]:
-        q, scale, err = int8_fast.quantize(inner(start, stop)[0])
+        q, scale, err = int8_fast.quantize(inner(start, stop)[0], reuse=True)
         ctx.record_error(o.name, stop - start, err)
         return [q, scale]
 
