@@ -7,8 +7,10 @@ Writes WORKDIR/qat (tensor names and shapes of google/gemma-4-E2B-it-qat-q4_0-un
 from transformers' Gemma 4 at E2B's config on the meta device; on-grid random bf16 values, about
 10 GB), then runs each tool and the one-pass route as a child process and prints, per run: wall
 time, input GB/s, peak memory (RSS high-water of the child) and the ratio to a plain copy of the
-same input measured in the same run. Targets: peak <= 2 GiB, each step <= 2x its copy time,
-one-pass emb4 <= 1.5x the source's copy time. --small uses a tiny config (a smoke run in seconds).
+same input measured in the same run (copied just before and just after the run; the faster of
+the two copies is the one compared). Dirty pages are flushed before every timed child. Targets:
+peak <= 2 GiB, each step <= 2x its copy time, one-pass emb4 <= 1.5x the source's copy time.
+--small uses a tiny config (a smoke run in seconds).
 This is a benchmark, not a test: it prints figures and never fails on them.
 """
 
@@ -272,8 +274,9 @@ def main(argv: list[str] | None = None) -> int:
             results.append({"run": label, "exit": "skipped"})
             continue
         gb = dir_bytes(inp) / 1e9
-        ctime = copy_time(inp, wd / "copy")
+        before = copy_time(inp, wd / "copy")
         wall, peak, code = run_child(cmd)
+        ctime = min(before, copy_time(inp, wd / "copy"))  # the faster copy: the stricter ratio
         r = {
             "run": label,
             "input_gb": round(gb, 3),
@@ -281,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             "input_gb_per_s": round(gb / wall, 3),
             "peak_rss_gib": round(peak / GiB, 3),
             "copy_s": round(ctime, 2),
+            "copy_before_s": round(before, 2),
             "ratio_to_copy": round(wall / ctime, 2),
             "exit": code,
         }

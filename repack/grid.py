@@ -29,9 +29,12 @@ class GridShapeError(ValueError):
 
 @dataclass
 class GridResult:
-    """Recovered grid for a block of rows: levels [rows, cols] int8, steps [rows, cols/32] float32."""
+    """Recovered grid for a block of rows: levels [rows, cols] int8, steps [rows, cols/32] float32.
 
-    levels: torch.Tensor
+    ``levels`` is None when the caller asked only for the packed words (the converters).
+    """
+
+    levels: torch.Tensor | None
     steps: torch.Tensor
     off_grid: int
     groups: int
@@ -69,26 +72,28 @@ def _gcd_rows(lv: torch.Tensor) -> torch.Tensor:
     return g
 
 
-def recover(block: torch.Tensor, group: int = GROUP, reuse: bool = False) -> GridResult:
+def recover(block: torch.Tensor, group: int = GROUP, reuse: bool = False, levels: bool = True) -> GridResult:
     """Recover levels and steps of a [rows, cols] block; off-grid groups are counted, not raised.
 
     bf16 blocks of 32-value groups go through the compiled kernel (grid_fast), which gives the
     same result as ``recover_reference`` bit for bit at GB/s; other dtypes, other group sizes
     and blocks with non-finite values take the reference. With ``reuse`` the kernel's outputs
     live in this thread's scratch buffers (repack.scratch: consume them before the next chunk).
+    Without ``levels`` the fast path skips them and returns only ``packed`` (the reference
+    path always has both).
     """
     if block.dtype == torch.bfloat16 and group == GROUP and block.dim() == 2:
         from repack import grid_fast  # numba's import is paid only by steps that recover grids
 
         rows, cols = block.shape
         bits = block.contiguous().view(torch.int16).numpy().view(np.uint16).reshape(-1, group)
-        fast = grid_fast.recover_bf16(bits, reuse)
+        fast = grid_fast.recover_bf16(bits, reuse, levels)
         if fast is not None:
-            levels, packed, steps, solved, maxerr = fast
+            lev, packed, steps, solved, maxerr = fast
             n = steps.shape[0]
             rel = maxerr / np.maximum(steps, np.finfo(np.float32).tiny)
             return GridResult(
-                levels=torch.from_numpy(levels).reshape(rows, cols),
+                levels=None if lev is None else torch.from_numpy(lev).reshape(rows, cols),
                 packed=torch.from_numpy(packed).reshape(rows, cols // 8),
                 steps=torch.from_numpy(steps).reshape(rows, cols // group),
                 off_grid=int(n - np.count_nonzero(solved)),

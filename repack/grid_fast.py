@@ -4,19 +4,20 @@
 kernel computes the same float32 operations per value, so levels, steps, off-grid counts and
 errors are bit-identical (tests/unit/test_repack_grid_fast.py checks it).
 
-Layout: groups are taken 16 at a time and transposed into small scratch arrays, value j of
-group k at [j * 16 + k], so every loop runs across 16 groups at once and LLVM makes it SIMD code
-with no per-group horizontal reductions. The scratch arrays are flat on purpose: numba's 2-D
-indexing kept LLVM from vectorizing these loops (measured 20x slower on the same loop).
+Layout: groups are taken 64 at a time, transposed so that value j of group k sits at
+[j * 64 + k]; every loop then runs across 64 groups at once and LLVM makes it SIMD code with no
+per-group horizontal reductions. numpy does the transposes (its strided copy is about 3x faster
+than the same loop here), and the scratch arrays are flat on purpose: numba's 2-D indexing, and
+inner loops of 16 or 32, kept LLVM from vectorizing (measured 20x slower on the same loop).
 
-Per block of 16 groups: widen bf16 to float32 and take each group's peak as an integer max of
+Per block of 64 groups: widen bf16 to float32 and take each group's peak as an integer max of
 the magnitude bits (the same order as the floats' for finite values); try m = 8, 7, 6, 5, 4 on
 every lane, each lane keeping the first that fits, as the reference does; take the levels, and
 where no level is +-1 divide by their gcd (a table lookup on the set of |levels|); then the
 error and pack_int4's words. Groups that fit no step (off-grid input only) take the scalar path
 the reference spells out. The least-squares refinement runs only when some solved group is
-inexact, as in the reference; for bf16 input its sums are exact in float32, so their order does
-not matter.
+inexact, on every solved group, as in the reference; for bf16 input its sums are exact in
+float32, so their order does not matter.
 
 The kernel is serial and releases the GIL: callers run one per thread on separate row chunks
 (the pipeline's workers), which also spreads the reads and writes over the cores.
@@ -33,6 +34,8 @@ from repack import scratch
 
 GROUP = 32
 _B = 64  # groups per block: one SIMD lane each
+_BLOCK = GROUP * _B  # values per block
+_SUB = 1 << 16  # groups per sub-chunk (4 MiB of bf16): bounds the transposed input copy
 _REL = np.float32(2.0**-7)  # grid.REL_TOL
 _STOL = np.float32(2.0**-6)  # grid.STEP_TOL
 _ONE = np.float32(1.0)
@@ -42,61 +45,51 @@ _JIT = {"cache": True, "nogil": True, "error_model": "numpy"}
 
 
 @numba.njit(inline="always", **_JIT)
-def _unsolved(x, g, levels, steps, amax, gcds):  # pragma: no cover - compiled
-    """A group no step fits (off-grid input): the reference's amax/8 levels and gcd, scalar.
-
-    x: the group's 32 values; levels: flat [n * 32].
-    """
-    base = g * GROUP
+def _unsolved(x, lev, amax, gcds):  # pragma: no cover - compiled
+    """A group no step fits (off-grid input): the reference's amax/8 levels (into ``lev``) and
+    gcd, scalar; returns the step. x: the group's 32 values."""
     step = amax / np.float32(8.0)
     safe = step if step > 0 else _ONE
     ones = 0
     for j in range(GROUP):
         q = np.rint(x[j] / safe)
-        levels[base + j] = np.int8(q)
+        lev[j] = np.int8(q)
         ones += abs(q) == 1
     if ones == 0:
         mask = 0
         big = 0
         for j in range(GROUP):
-            a = abs(np.int32(levels[base + j]))
+            a = abs(np.int32(lev[j]))
             big += a > 8
             mask |= np.int32(1) << min(a, 8)
         d = np.int32(gcds[mask])
         if big:  # levels above 8 (subnormal steps): Euclid
             d = np.int32(0)
             for j in range(GROUP):
-                a = abs(np.int32(levels[base + j]))
+                a = abs(np.int32(lev[j]))
                 while a:
                     d, a = a, d % a
         if d > 1:
             df = np.float32(d)
             for j in range(GROUP):
-                levels[base + j] = np.int8(np.rint(np.float32(levels[base + j]) / df))
+                lev[j] = np.int8(np.rint(np.float32(lev[j]) / df))
             step = step * df
-    steps[g] = step
+    return step
 
 
 @numba.njit(inline="always", **_JIT)
-def _load(bits, g0, nb, rows, xu, x, tolx, mb):  # pragma: no cover - compiled
-    """Groups g0..g0+nb transposed into xu/x ([j * 16 + k]: value j of group g0 + k), idle lanes
-    zero; tolx = |x| * REL_TOL (the per-value part of the tolerance); mb[k]: the peak's bits.
-
-    The block is widened row by row into ``rows`` (contiguous reads), then transposed in L1.
-    """
-    for i in range(nb * GROUP):
-        rows[i] = np.uint32(bits[g0 * GROUP + i]) << 16
-    for i in range(nb * GROUP, _B * GROUP):
-        rows[i] = 0
+def _load(tbits, b, xu, x, tolx, mb):  # pragma: no cover - compiled
+    """Block ``b`` of the transposed input into xu/x (float32), tolx = |x| * REL_TOL (the
+    per-value part of the tolerance) and mb[k] = the bits of group k's peak."""
+    for i in range(_BLOCK):
+        xu[i] = np.uint32(tbits[b * _BLOCK + i]) << 16
     for k in range(_B):
         mb[k] = 0
     for j in range(GROUP):
         for k in range(_B):
-            u = rows[k * GROUP + j]
-            xu[j * _B + k] = u
-            a = u & np.uint32(0x7FFFFFFF)
+            a = xu[j * _B + k] & np.uint32(0x7FFFFFFF)
             mb[k] = a if a > mb[k] else mb[k]
-    for i in range(GROUP * _B):
+    for i in range(_BLOCK):
         tolx[i] = abs(x[i]) * _REL
 
 
@@ -124,34 +117,18 @@ def _misses(x, tolx, s, safe, steptol, bad):  # pragma: no cover - compiled
             bad[k] |= (abs(lv * step - v) > tol) | (lv < -8) | (lv > 7)
 
 
-@numba.njit(inline="always", **_JIT)
-def _errors(x, lv, step, e, nz):  # pragma: no cover - compiled
-    """e[k], nz[k]: max |level * step - x| and the count of inexact values of group k."""
-    for k in range(_B):
-        e[k] = _ZERO
-        nz[k] = 0
-    for j in range(GROUP):
-        for k in range(_B):
-            i = j * _B + k
-            d = abs(lv[i] * step[k] - x[i])
-            e[k] = d if d > e[k] else e[k]
-            nz[k] += d != 0
-
-
 @numba.njit(**_JIT)
-def _recover(bits, levels, packed, steps, solved, maxerr, gcds):  # pragma: no cover - compiled
-    """bits: bf16 as uint16, flat [n * 32]; levels flat [n * 32]; packed flat [n * 4].
+def _recover(tbits, nb, tlev, tpack, steps, solved, maxerr, gcds):  # pragma: no cover - compiled
+    """Blocks of transposed bf16 bits -> transposed levels and packed words, per-group results.
 
-    Fills the outputs; False if a value is not finite.
+    tbits: uint16 [blocks * 2048] ([j * 64 + k] in each block); nb: real groups (the rest are
+    zero padding); tlev: int8, same layout; tpack: uint32 [blocks * 256] ([w * 64 + k]).
+    Returns -1 if a value is not finite, else 1 if some solved group is inexact, else 0.
     """
-    n = bits.shape[0] // GROUP
-    rows = np.empty(_B * GROUP, np.uint32)
-    x = np.empty(GROUP * _B, np.float32)
+    x = np.empty(_BLOCK, np.float32)
     xu = x.view(np.uint32)
-    tolx = np.empty(GROUP * _B, np.float32)
-    lv = np.empty(GROUP * _B, np.float32)
-    lvi = np.empty(GROUP * _B, np.int8)
-    words = np.empty(GROUP // 8 * _B, np.uint32)
+    tolx = np.empty(_BLOCK, np.float32)
+    lv = np.empty(_BLOCK, np.float32)
     mb = np.empty(_B, np.uint32)
     amax = np.empty(_B, np.float32)
     amaxu = amax.view(np.uint32)
@@ -167,14 +144,14 @@ def _recover(bits, levels, packed, steps, solved, maxerr, gcds):  # pragma: no c
     e = np.empty(_B, np.float32)
     nz = np.empty(_B, np.int32)
     row = np.empty(GROUP, np.float32)
-    rowu = row.view(np.uint32)
-    inexact = False
-    for g0 in range(0, n, _B):
-        nb = min(_B, n - g0)
-        _load(bits, g0, nb, rows, xu, x, tolx, mb)
-        for k in range(_B):  # idle lanes hold zeros: a solved all-zero group, never stored
+    lev = np.empty(GROUP, np.int8)
+    inexact = 0
+    for b in range(tbits.shape[0] // _BLOCK):
+        g0 = b * _B
+        _load(tbits, b, xu, x, tolx, mb)
+        for k in range(_B):  # padding lanes hold zeros: a solved all-zero group, never kept
             if mb[k] >= _NONFINITE:
-                return False
+                return -1
             amaxu[k] = mb[k]
             step[k] = amax[k] / np.float32(8.0)  # unsolved groups keep the amax/8 levels
             ok[k] = 0
@@ -210,10 +187,10 @@ def _recover(bits, levels, packed, steps, solved, maxerr, gcds):  # pragma: no c
             e[k] = _ZERO
             nz[k] = 0
         for i in range(GROUP // 8 * _B):
-            words[i] = 0
+            tpack[b * GROUP // 8 * _B + i] = 0
         for j in range(GROUP):  # final levels, their error and pack_int4's words in one pass
             sh = np.uint32(4 * (j % 8))  # nibble j % 8 of word j // 8 holds level j, +8
-            wb = (j // 8) * _B
+            wb = b * GROUP // 8 * _B + (j // 8) * _B
             for k in range(_B):
                 i = j * _B + k
                 lf = np.rint(lv[i] * inv[k])  # exact: the gcd divides every level
@@ -221,68 +198,73 @@ def _recover(bits, levels, packed, steps, solved, maxerr, gcds):  # pragma: no c
                 e[k] = d if d > e[k] else e[k]
                 nz[k] += d != 0
                 li = np.int32(lf)
-                lvi[i] = np.int8(li)
-                words[wb + k] |= np.uint32(li + 8) << sh
-        for k in range(nb):
+                tlev[b * _BLOCK + i] = np.int8(li)
+                tpack[wb + k] |= np.uint32(li + 8) << sh
+        for k in range(_B):
             g = g0 + k
-            if ok[k]:
-                for j in range(GROUP):
-                    levels[g * GROUP + j] = lvi[j * _B + k]
-                for w in range(GROUP // 8):
-                    packed[g * (GROUP // 8) + w] = words[w * _B + k]
+            if g < nb:
                 steps[g] = step[k]
-                solved[g] = True
-                maxerr[g] = e[k]
-                inexact |= nz[k] != 0
-            else:
-                for j in range(GROUP):
-                    rowu[j] = np.uint32(bits[g * GROUP + j]) << 16
-                _unsolved(row, g, levels, steps, amax[k], gcds)
-                for w in range(GROUP // 8):
-                    word = np.uint32(0)
-                    for i in range(8):
-                        word |= np.uint32(levels[g * GROUP + 8 * w + i] + 8) << np.uint32(4 * i)
-                    packed[g * (GROUP // 8) + w] = word
-                solved[g] = False
-                maxerr[g] = _ZERO
-    if inexact:
-        _refine(bits, levels, steps, solved, maxerr, rows, xu, x, tolx, lv, mb, s, safe, steptol, bad, e, nz)
-    return True
+                solved[g] = ok[k] != 0
+                maxerr[g] = e[k] if ok[k] else _ZERO
+                inexact |= (nz[k] != 0) & (ok[k] != 0)
+        for k in range(min(_B, nb - g0)):
+            if ok[k]:
+                continue
+            for j in range(GROUP):
+                row[j] = x[j * _B + k]
+            steps[g0 + k] = _unsolved(row, lev, amax[k], gcds)
+            for w in range(GROUP // 8):
+                word = np.uint32(0)
+                for i in range(8):
+                    tlev[b * _BLOCK + (8 * w + i) * _B + k] = lev[8 * w + i]
+                    word |= np.uint32(lev[8 * w + i] + 8) << np.uint32(4 * i)
+                tpack[b * GROUP // 8 * _B + w * _B + k] = word
+    return inexact
 
 
-@numba.njit(inline="always", **_JIT)
-def _refine(
-    bits, levels, steps, solved, maxerr, rows, xu, x, tolx, lv, mb, ref, safe, steptol, bad, e, nz
-):  # pragma: no cover - compiled
-    """Least squares on every solved group (the reference's all-or-nothing trigger): keep the
-    refined step where it still fits and gives the same levels."""
-    n = bits.shape[0] // GROUP
+@numba.njit(**_JIT)
+def _refine(tbits, nb, tlev, steps, solved, maxerr):  # pragma: no cover - compiled
+    """Least squares on every solved group: keep the refined step where it still fits and gives
+    the same levels. Same layouts as _recover."""
+    x = np.empty(_BLOCK, np.float32)
+    xu = x.view(np.uint32)
+    tolx = np.empty(_BLOCK, np.float32)
+    lv = np.empty(_BLOCK, np.float32)
+    mb = np.empty(_B, np.uint32)
+    ref = np.empty(_B, np.float32)
+    safe = np.empty(_B, np.float32)
+    steptol = np.empty(_B, np.float32)
+    bad = np.empty(_B, np.int32)
+    e = np.empty(_B, np.float32)
     den = np.empty(_B, np.float32)
     num = np.empty(_B, np.float32)
-    for g0 in range(0, n, _B):
-        nb = min(_B, n - g0)
-        _load(bits, g0, nb, rows, xu, x, tolx, mb)
+    for b in range(tbits.shape[0] // _BLOCK):
+        g0 = b * _B
+        _load(tbits, b, xu, x, tolx, mb)
         for k in range(_B):
             den[k] = _ZERO
             num[k] = _ZERO
         for j in range(GROUP):
             for k in range(_B):
                 i = j * _B + k
-                lf = np.float32(levels[(g0 + k) * GROUP + j]) if k < nb else _ZERO
+                lf = np.float32(tlev[b * _BLOCK + i])
                 lv[i] = lf
                 den[k] += lf * lf
                 num[k] += x[i] * lf
         for k in range(_B):
-            old = steps[g0 + k] if k < nb else _ZERO
+            old = steps[g0 + k] if g0 + k < nb else _ZERO
             ref[k] = num[k] / max(den[k], _ONE) if den[k] > 0 else old
         _lanes(ref, safe, steptol)
         _misses(x, tolx, ref, safe, steptol, bad)
+        for k in range(_B):
+            e[k] = _ZERO
         for j in range(GROUP):  # the refined step must give the same levels
             for k in range(_B):
                 i = j * _B + k
                 bad[k] |= np.rint(x[i] / safe[k]) != lv[i]
-        _errors(x, lv, ref, e, nz)
-        for k in range(nb):
+                d = abs(lv[i] * ref[k] - x[i])
+                e[k] = d if d > e[k] else e[k]
+        for k in range(min(_B, nb - g0)):
             g = g0 + k
             if solved[g] and bad[k] == 0:
                 steps[g] = ref[k]
@@ -300,20 +282,62 @@ def _gcd_table() -> np.ndarray:
 _GCDS = _gcd_table()
 
 
-def recover_bf16(bits: np.ndarray, reuse: bool = False) -> tuple[np.ndarray, ...] | None:
-    """bf16 groups as uint16 [n, 32] -> levels int8 [n, 32], packed int32 [n, 4] (pack_int4's
-    words), steps f32 [n], solved bool [n], max error f32 [n].
+def _transpose_in(bits: np.ndarray, s0: int, s1: int) -> np.ndarray:
+    """Groups s0..s1 of bits [n, 32], zero-padded to whole blocks and transposed, flat (scratch)."""
+    blocks = -(-(s1 - s0) // _B)
+    t = scratch.array("grid-in", (blocks, GROUP, _B), np.uint16)
+    full = (s1 - s0) // _B
+    np.copyto(t[:full], bits[s0 : s0 + full * _B].reshape(full, _B, GROUP).transpose(0, 2, 1))
+    if full < blocks:  # the last, partial block
+        pad = scratch.array("grid-pad", (_B, GROUP), np.uint16)
+        pad[:] = 0
+        pad[: s1 - s0 - full * _B] = bits[s0 + full * _B : s1]
+        np.copyto(t[full], pad.T)
+    return t.reshape(-1)
+
+
+def recover_bf16(bits: np.ndarray, reuse: bool = False, levels: bool = True) -> tuple | None:
+    """bf16 groups as uint16 [n, 32] -> levels int8 [n, 32] (None unless ``levels``), packed int32
+    [n, 4] (pack_int4's words), steps f32 [n], solved bool [n], max error f32 [n].
 
     None when a value is not finite (the caller then uses the reference). With ``reuse`` the
     outputs live in this thread's scratch buffers (repack.scratch).
     """
     n = bits.shape[0]
-    levels = scratch.fresh_or_reused(reuse, "levels", (n, GROUP), np.int8)
-    packed = scratch.fresh_or_reused(reuse, "packed", (n, GROUP // 8), np.uint32)
+    blocks = -(-n // _B)
+    tlev = scratch.array("grid-levels", (blocks, GROUP, _B), np.int8)
+    tpack = scratch.array("grid-packed", (blocks, GROUP // 8, _B), np.uint32)
     steps = scratch.fresh_or_reused(reuse, "steps", (n,), np.float32)
     solved = scratch.fresh_or_reused(reuse, "solved", (n,), np.bool_)
     maxerr = scratch.fresh_or_reused(reuse, "maxerr", (n,), np.float32)
-    flat = np.ascontiguousarray(bits).reshape(-1)
-    if n and not _recover(flat, levels.reshape(-1), packed.reshape(-1), steps, solved, maxerr, _GCDS):
-        return None
-    return levels, packed.view(np.int32), steps, solved, maxerr
+    bits = np.ascontiguousarray(bits)
+    inexact = False
+    for s0 in range(0, n, _SUB):  # _SUB is a multiple of _B: sub-chunks start on a block
+        s1 = min(n, s0 + _SUB)
+        b0, b1 = s0 // _B, -(-s1 // _B)
+        r = _recover(
+            _transpose_in(bits, s0, s1),
+            s1 - s0,
+            tlev[b0:b1].reshape(-1),
+            tpack[b0:b1].reshape(-1),
+            steps[s0:s1],
+            solved[s0:s1],
+            maxerr[s0:s1],
+            _GCDS,
+        )
+        if r < 0:
+            return None
+        inexact |= r == 1
+    if inexact:  # the reference refines every solved group of the block when any is inexact
+        for s0 in range(0, n, _SUB):
+            s1 = min(n, s0 + _SUB)
+            b0, b1 = s0 // _B, -(-s1 // _B)
+            t = _transpose_in(bits, s0, s1)
+            _refine(t, s1 - s0, tlev[b0:b1].reshape(-1), steps[s0:s1], solved[s0:s1], maxerr[s0:s1])
+    packed = scratch.fresh_or_reused(reuse, "packed", (n, GROUP // 8), np.uint32)
+    packed[:] = tpack.transpose(0, 2, 1).reshape(-1, GROUP // 8)[:n]
+    lev = None
+    if levels:
+        lev = scratch.fresh_or_reused(reuse, "levels", (n, GROUP), np.int8)
+        lev[:] = tlev.transpose(0, 2, 1).reshape(-1, GROUP)[:n]
+    return lev, packed.view(np.int32), steps, solved, maxerr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -14,10 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
-from repack import __version__
+from repack import __version__, scratch
 from repack.outdir import atomic_dir, link_or_copy
 from repack.st_io import ShardWriter, Source
 from repack.steps import Context, Step
@@ -150,12 +152,36 @@ def _torch_threads(n: int) -> Iterator[None]:
 
 
 def _copy_range(fd_in: int, off_in: int, fd_out: int, off_out: int, length: int, what: str) -> None:
-    """``length`` bytes from one file to another inside the kernel (no trip through this process)."""
+    """``length`` bytes from one file to another inside the kernel (no trip through this process).
+
+    Falls back to pread/pwrite where copy_file_range is missing or refused (old kernels,
+    sandboxes such as gVisor, some network filesystems).
+    """
     while length > 0:
-        n = os.copy_file_range(fd_in, fd_out, length, off_in, off_out)
+        try:
+            n = os.copy_file_range(fd_in, fd_out, min(length, 1 << 30), off_in, off_out)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSYS, errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM):
+                raise
+            _copy_through(fd_in, off_in, fd_out, off_out, length, what)
+            return
         if n == 0:
             raise OSError(f"short copy from {what}")
         off_in, off_out, length = off_in + n, off_out + n, length - n
+
+
+def _copy_through(fd_in: int, off_in: int, fd_out: int, off_out: int, length: int, what: str) -> None:
+    """_copy_range through a reused buffer of this process."""
+    buf = scratch.array("copy", (min(length, CHUNK_BYTES),), np.uint8)
+    while length > 0:
+        view = memoryview(buf)[: min(length, buf.nbytes)]
+        got = os.preadv(fd_in, [view], off_in)
+        if got == 0:
+            raise OSError(f"short copy from {what}")
+        done = 0
+        while done < got:
+            done += os.pwrite(fd_out, view[done:got], off_out + done)
+        off_in, off_out, length = off_in + got, off_out + got, length - got
 
 
 def _direct(src: Source, u: Unit) -> bool:

@@ -105,10 +105,10 @@ def int4_unit(u: Unit, ctx: Context, extra_bases: tuple[str, ...] = ()) -> Unit:
 
     def produce(start: int, stop: int) -> list[torch.Tensor | None]:
         w = inner(start, stop)[0]
-        r = grid.recover(w, reuse=True)
+        r = grid.recover(w, reuse=True, levels=False)
         ctx.record(o.name, r)
         one = [
-            r.packed if r.packed is not None else pack_int4(r.levels),
+            r.packed if r.packed is not None else pack_int4(r.levels),  # type: ignore[arg-type]
             r.steps.to(SCALE_DTYPE),
             torch.tensor([rows, cols]) if start == 0 else None,
         ]

@@ -99,3 +99,22 @@ def test_chunk_size_shrinks_with_many_workers_to_bound_memory():
     assert chunk_bytes(1) == chunk_bytes(16) == 32 << 20
     assert chunk_bytes(64) * 64 <= pipeline.IN_FLIGHT_BYTES
     assert chunk_bytes(10_000) == 4 << 20  # never tiny: reads stay large
+
+
+def test_block_copies_fall_back_when_copy_file_range_is_refused(qat, tmp_path, monkeypatch):
+    # Sandboxes (gVisor) and some filesystems refuse copy_file_range: the copy goes through
+    # this process instead, with the same bytes.
+    import errno
+    import os
+
+    run(qat, tmp_path / "native", STEPS["text"], quiet=True, jobs=2)
+    calls = []
+
+    def refuse(*args, **kwargs):
+        calls.append(args)
+        raise OSError(errno.ENOSYS, "copy_file_range not supported")
+
+    monkeypatch.setattr(os, "copy_file_range", refuse)
+    run(qat, tmp_path / "fallback", STEPS["text"], quiet=True, jobs=2)
+    assert calls  # the text route does copy tensors as they are
+    assert _digests(tmp_path / "native") == _digests(tmp_path / "fallback")
