@@ -28,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from repack import grid  # noqa: E402
@@ -141,15 +142,15 @@ def write_source(out: Path, small: bool, layers: int | None = None) -> int:
     weight_map = {}
     for i, members in enumerate(shards):
         fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        w = ShardWriter(out / fname, [(n, torch.bfloat16, s) for n, s in members])
+        w = ShardWriter(out / fname, [(n, "BF16", s) for n, s in members])
         for name, shape in members:
             if len(shape) < 2:
-                w.write(name, (torch.ones(shape) if shape else torch.ones(())).to(torch.bfloat16))
+                w.write(name, bits((torch.ones(shape) if shape else torch.ones(())).to(torch.bfloat16)))
                 continue
             step = max(1, (64 << 20) // (2 * shape[1] * max(1, int(torch.tensor(shape[2:]).prod()))))
             for start in range(0, shape[0], step):
                 stop = min(shape[0], start + step)
-                w.write(name, rows_for(name, shape, start, stop), start)
+                w.write(name, bits(rows_for(name, shape, start, stop)), start)
             weight_map[name] = fname
         w.close()
         for n, _ in members:
@@ -160,6 +161,11 @@ def write_source(out: Path, small: bool, layers: int | None = None) -> int:
     )
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     return total
+
+
+def bits(t: torch.Tensor) -> np.ndarray:
+    """A bf16 tensor as the uint16 array ShardWriter stores for BF16."""
+    return t.contiguous().view(torch.int16).numpy().view(np.uint16)
 
 
 def dir_bytes(d: Path) -> int:

@@ -10,9 +10,12 @@ step by least squares over the group.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 GROUP = 32
 LEVEL_MIN = -8
@@ -29,18 +32,21 @@ class GridShapeError(ValueError):
 
 @dataclass
 class GridResult:
-    """Recovered grid for a block of rows: levels [rows, cols] int8, steps [rows, cols/32] float32.
+    """Recovered grid for a block of rows: levels [rows, cols] int8, steps [rows, cols/32] float32,
+    packed [rows, cols/8] int32 (pack_int4's words).
 
-    ``levels`` is None when the caller asked only for the packed words (the converters).
+    torch tensors from ``recover``, numpy arrays from ``recover_array``. ``levels`` is None when
+    the caller asked only for the packed words (the converters); ``packed`` is None from
+    ``recover_reference``.
     """
 
-    levels: torch.Tensor | None
-    steps: torch.Tensor
+    levels: Any
+    steps: Any
     off_grid: int
     groups: int
     max_abs_error: float
     max_rel_step_error: float
-    packed: torch.Tensor | None = None  # pack_int4(levels), when the fast path made it on the way
+    packed: Any = None
 
 
 def check_group_shape(name: str, shape: tuple[int, ...] | list[int], group: int = GROUP) -> None:
@@ -55,6 +61,8 @@ def check_group_shape(name: str, shape: tuple[int, ...] | list[int], group: int 
 
 def _fits(x: torch.Tensor, tol_x: torch.Tensor, step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Levels for ``step`` and a mask of groups that ``step`` reproduces. x: [G, 32], step: [G, 1]."""
+    import torch
+
     safe = torch.where(step > 0, step, torch.ones_like(step))
     lv = torch.round(x / safe)
     tol = torch.maximum(tol_x, step * STEP_TOL)
@@ -64,12 +72,69 @@ def _fits(x: torch.Tensor, tol_x: torch.Tensor, step: torch.Tensor) -> tuple[tor
 
 def _gcd_rows(lv: torch.Tensor) -> torch.Tensor:
     """Greatest common divisor of each row of an integer tensor (0 for all-zero rows)."""
+    import torch
+
     g = lv.abs()
     while g.shape[1] > 1:
         if g.shape[1] % 2:
             g = torch.cat([g, torch.zeros_like(g[:, :1])], dim=1)
         g = torch.gcd(g[:, 0::2], g[:, 1::2])
     return g
+
+
+def _fast(bits: np.ndarray, rows: int, cols: int, reuse: bool, levels: bool) -> GridResult | None:
+    """The compiled kernel on bf16 bits [rows, cols] (numpy arrays out); None if a value is not finite."""
+    from repack import grid_fast  # numba's import is paid only by steps that recover grids
+
+    fast = grid_fast.recover_bf16(bits.reshape(-1, GROUP), reuse, levels)
+    if fast is None:
+        return None
+    lev, packed, steps, solved, maxerr = fast
+    n = steps.shape[0]
+    rel = maxerr / np.maximum(steps, np.finfo(np.float32).tiny)
+    return GridResult(
+        levels=None if lev is None else lev.reshape(rows, cols),
+        packed=packed.reshape(rows, cols // 8),
+        steps=steps.reshape(rows, cols // GROUP),
+        off_grid=int(n - np.count_nonzero(solved)),
+        groups=n,
+        max_abs_error=float(maxerr.max()) if n else 0.0,
+        max_rel_step_error=float(rel.max()) if n else 0.0,
+    )
+
+
+def recover_array(block: np.ndarray, dtype: str, reuse: bool = False, levels: bool = True) -> GridResult:
+    """``recover`` for a numpy block [rows, cols] in safetensors dtype ``dtype``'s storage (bf16 as
+    uint16 bits), with numpy arrays out and ``packed`` always set: what the converters call.
+
+    bf16 takes the compiled kernel; other float dtypes and non-finite values take the torch
+    reference (torch is imported only then).
+    """
+    rows, cols = block.shape
+    if dtype == "BF16":
+        r = _fast(np.ascontiguousarray(block), rows, cols, reuse, levels)
+        if r is not None:
+            return r
+    import torch
+
+    from repack.packing import pack_int4
+
+    block = np.ascontiguousarray(block)
+    t = (
+        torch.from_numpy(block.view(np.int16)).view(torch.bfloat16)
+        if dtype == "BF16"
+        else torch.from_numpy(block)
+    )
+    ref = recover_reference(t)
+    return GridResult(
+        levels=ref.levels.numpy() if levels else None,
+        packed=pack_int4(ref.levels).numpy(),
+        steps=ref.steps.numpy(),
+        off_grid=ref.off_grid,
+        groups=ref.groups,
+        max_abs_error=ref.max_abs_error,
+        max_rel_step_error=ref.max_rel_step_error,
+    )
 
 
 def recover(block: torch.Tensor, group: int = GROUP, reuse: bool = False, levels: bool = True) -> GridResult:
@@ -82,25 +147,16 @@ def recover(block: torch.Tensor, group: int = GROUP, reuse: bool = False, levels
     Without ``levels`` the fast path skips them and returns only ``packed`` (the reference
     path always has both).
     """
-    if block.dtype == torch.bfloat16 and group == GROUP and block.dim() == 2:
-        from repack import grid_fast  # numba's import is paid only by steps that recover grids
+    import torch
 
+    if block.dtype == torch.bfloat16 and group == GROUP and block.dim() == 2:
         rows, cols = block.shape
-        bits = block.contiguous().view(torch.int16).numpy().view(np.uint16).reshape(-1, group)
-        fast = grid_fast.recover_bf16(bits, reuse, levels)
-        if fast is not None:
-            lev, packed, steps, solved, maxerr = fast
-            n = steps.shape[0]
-            rel = maxerr / np.maximum(steps, np.finfo(np.float32).tiny)
-            return GridResult(
-                levels=None if lev is None else torch.from_numpy(lev).reshape(rows, cols),
-                packed=torch.from_numpy(packed).reshape(rows, cols // 8),
-                steps=torch.from_numpy(steps).reshape(rows, cols // group),
-                off_grid=int(n - np.count_nonzero(solved)),
-                groups=n,
-                max_abs_error=float(maxerr.max()) if n else 0.0,
-                max_rel_step_error=float(rel.max()) if n else 0.0,
-            )
+        bits = block.contiguous().view(torch.int16).numpy().view(np.uint16)
+        r = _fast(bits, rows, cols, reuse, levels)
+        if r is not None:
+            r.levels = None if r.levels is None else torch.from_numpy(r.levels)
+            r.packed, r.steps = torch.from_numpy(r.packed), torch.from_numpy(r.steps)
+            return r
     return recover_reference(block, group)
 
 
@@ -112,6 +168,8 @@ def recover_reference(block: torch.Tensor, group: int = GROUP) -> GridResult:
     for every on-grid group; dividing the levels by their common divisor then gives the
     coarsest grid, which is the QAT step itself whenever the group's levels share no factor.
     """
+    import torch
+
     rows, cols = block.shape
     x = block.to(torch.float32).reshape(-1, group)
     n = x.shape[0]
@@ -165,6 +223,8 @@ def recover_reference(block: torch.Tensor, group: int = GROUP) -> GridResult:
 
 def dequantize(levels: torch.Tensor, steps: torch.Tensor, group: int = GROUP) -> torch.Tensor:
     """levels [rows, cols] int, steps [rows, cols/group] -> float32 values."""
+    import torch
+
     rows, cols = levels.shape
     lv = levels.to(torch.float32).reshape(rows, cols // group, group)
     return (lv * steps.to(torch.float32).unsqueeze(-1)).reshape(rows, cols)
@@ -179,6 +239,8 @@ def random_on_grid(
     ``level * step`` (at most 7 significant bits) is exact in bf16. One group in 64 is all
     zeros; the rest draw a peak level uniformly from 1..8 and reach it exactly once or more.
     """
+    import torch
+
     rows, cols = shape
     g = rows * cols // group
     k = torch.randint(8, 16, (g, 1), generator=gen).to(torch.float32)

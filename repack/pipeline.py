@@ -10,13 +10,11 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
 from repack import __version__, scratch
@@ -70,7 +68,7 @@ def source_units(src: Source) -> list[Unit]:
     for info in sorted(src.tensors.values(), key=lambda t: (str(t.shard), t.start)):
         name = info.name
 
-        def produce(start: int, stop: int, name: str = name) -> list[torch.Tensor | None]:
+        def produce(start: int, stop: int, name: str = name) -> list[np.ndarray | None]:
             return [src.rows(name, start, stop, reuse=True)]
 
         rowwise = len(info.shape) >= 2
@@ -140,17 +138,6 @@ def bounded_map(fn: Callable[[T], R], items: Iterable[T], jobs: int) -> Iterator
                 f.cancel()
 
 
-@contextmanager
-def _torch_threads(n: int) -> Iterator[None]:
-    """torch's own thread pool at ``n`` threads: the workers already use every core."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def _copy_range(fd_in: int, off_in: int, fd_out: int, off_out: int, length: int, what: str) -> None:
     """``length`` bytes from one file to another inside the kernel (no trip through this process).
 
@@ -216,11 +203,11 @@ def _write_units(src: Source, path: Path, units: list[Unit], bar: tqdm, summary:
             return u.src_bytes
         if u.nrows == 0:
             for o, t in zip(u.outs, u.produce(0, 0), strict=True):
-                w.write(o.name, t.reshape(o.shape).to(o.dtype))
+                w.write(o.name, t.reshape(o.shape))
             return u.src_bytes
         for o, t in zip(u.outs, u.produce(start, stop), strict=True):
             if t is not None:
-                w.write(o.name, t.to(o.dtype), start if o.rowwise else 0)
+                w.write(o.name, t, start if o.rowwise else 0)
         return u.row_bytes * (stop - start)
 
     try:
@@ -323,8 +310,7 @@ def run(
                     summary.shards_copied += 1
                     bar.update(sum(u.src_bytes for u in us))
                 else:
-                    with _torch_threads(1 if jobs > 1 else torch.get_num_threads()):
-                        _write_units(src, dst, us, bar, summary, jobs)
+                    _write_units(src, dst, us, bar, summary, jobs)
                 for u in us:
                     weight_map.update(dict.fromkeys((o.name for o in u.outs), fname))
                 summary.bytes_out += dst.stat().st_size

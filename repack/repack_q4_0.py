@@ -44,7 +44,9 @@ def check(src_dir: Path, quiet: bool, jobs: int | None = None) -> int:
 
     def one(task: tuple[str, int, int]) -> grid.GridResult:
         name, start, stop = task
-        return grid.recover(src.rows(name, start, stop, reuse=True), reuse=True, levels=False)
+        return grid.recover_array(
+            src.rows(name, start, stop, reuse=True), src.tensors[name].dtype, reuse=True, levels=False
+        )
 
     per: dict[str, list] = {n: [0, 0, 0.0, 0.0] for n in names}
     total = sum(src.tensors[n].nbytes for n in names)

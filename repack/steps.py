@@ -14,10 +14,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
 from repack import grid
-from repack.packing import pack_int4
+from repack.st_io import FLOATS, STORAGE
 from repack.units import Out, Unit, constant, renamed
 
 LINEAR = re.compile(
@@ -27,7 +27,7 @@ LINEAR = re.compile(
 EMBED = re.compile(r"^model\.(?:language_model\.)?(embed_tokens|embed_tokens_per_layer)\.weight$")
 TOWERS = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.")
 TOWER_IGNORE = ["re:.*vision_tower.*", "re:.*audio_tower.*", "re:.*embed_vision.*", "re:.*embed_audio.*"]
-SCALE_DTYPE = torch.float16  # the T4 computes in float16; fp16 also keeps 3 more step bits than bf16
+SCALE_DTYPE = "F16"  # the T4 computes in float16; fp16 also keeps 3 more step bits than bf16
 
 W4 = {
     "num_bits": 4,
@@ -97,20 +97,20 @@ def int4_unit(u: Unit, ctx: Context, extra_bases: tuple[str, ...] = ()) -> Unit:
     outs = []
     for b in bases:
         outs += [
-            Out(f"{b}.weight_packed", torch.int32, (rows, cols // 8), True),
+            Out(f"{b}.weight_packed", "I32", (rows, cols // 8), True),
             Out(f"{b}.weight_scale", SCALE_DTYPE, (rows, cols // grid.GROUP), True),
-            Out(f"{b}.weight_shape", torch.int64, (2,), False),
+            Out(f"{b}.weight_shape", "I64", (2,), False),
         ]
     inner = u.produce
 
-    def produce(start: int, stop: int) -> list[torch.Tensor | None]:
+    def produce(start: int, stop: int) -> list[np.ndarray | None]:
         w = inner(start, stop)[0]
-        r = grid.recover(w, reuse=True, levels=False)
+        r = grid.recover_array(w, o.dtype, reuse=True, levels=False)
         ctx.record(o.name, r)
         one = [
-            r.packed if r.packed is not None else pack_int4(r.levels),  # type: ignore[arg-type]
-            r.steps.to(SCALE_DTYPE),
-            torch.tensor([rows, cols]) if start == 0 else None,
+            r.packed,
+            r.steps.astype(STORAGE[SCALE_DTYPE]),
+            np.array([rows, cols], np.int64) if start == 0 else None,
         ]
         return one * len(bases)
 
@@ -125,19 +125,26 @@ def int8_unit(u: Unit, ctx: Context) -> Unit:
     rows, cols = o.shape
     b = _base(o.name)
     outs = [
-        Out(f"{b}.weight", torch.int8, (rows, cols), True),
-        Out(f"{b}.weight_scale", torch.float32, (rows, 1), True),
+        Out(f"{b}.weight", "I8", (rows, cols), True),
+        Out(f"{b}.weight_scale", "F32", (rows, 1), True),
     ]
     inner = u.produce
 
     from repack import int8_fast  # numba's import is paid only by the W8A8 step
 
-    def produce(start: int, stop: int) -> list[torch.Tensor | None]:
-        q, scale, err = int8_fast.quantize(inner(start, stop)[0], reuse=True)
+    def produce(start: int, stop: int) -> list[np.ndarray | None]:
+        q, scale, err = int8_fast.quantize_array(inner(start, stop)[0], o.dtype, reuse=True)
         ctx.record_error(o.name, stop - start, err)
         return [q, scale]
 
     return Unit(outs, rows, produce, u.shard, u.src, u.src_bytes, u.row_bytes, True, set(u.tags))
+
+
+def ones(dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Ones in a float dtype's storage (bf16 1.0 is the bits 0x3F80)."""
+    if dtype == "BF16":
+        return np.full(shape, 0x3F80, np.uint16)
+    return np.ones(shape, STORAGE[dtype])
 
 
 def _lm_prefix(units: list[Unit]) -> str:
@@ -162,7 +169,7 @@ def fill_shared_k_norm(units: list[Unit], cfg: dict) -> list[Unit]:
         kn = f"{lm}layers.{m.group(1)}.self_attn.k_norm.weight"
         if kn not in names:
             qn = u.outs[0]
-            out.append(constant(kn, torch.ones(qn.shape, dtype=qn.dtype), u.shard))
+            out.append(constant(kn, ones(qn.dtype, qn.shape), qn.dtype, u.shard))
     return out
 
 
@@ -231,7 +238,7 @@ def embed_int4(embed_tokens: bool) -> Step:
         for u in units:
             m = EMBED.match(u.outs[0].name) if len(u.outs) == 1 else None
             if m and m.group(1) in wanted:
-                if u.outs[0].dtype not in (torch.bfloat16, torch.float16, torch.float32):
+                if u.outs[0].dtype not in FLOATS:
                     raise ValueError(f"{u.outs[0].name} is already quantized")
                 extra = ("lm_head",) if m.group(1) == "embed_tokens" else ()
                 u = int4_unit(u, ctx, extra)

@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
-# produce(start, stop) -> one entry per output: rows [start, stop) for row-wise outputs, the
-# whole tensor for the others when start == 0 (None after that).
-Producer = Callable[[int, int], list[torch.Tensor | None]]
+# produce(start, stop) -> one entry per output, in the output's storage dtype (st_io.STORAGE):
+# rows [start, stop) for row-wise outputs, the whole tensor for the others when start == 0
+# (None after that).
+Producer = Callable[[int, int], list[np.ndarray | None]]
 
 
 @dataclass
@@ -23,7 +24,7 @@ class Out:
     """One output tensor: its name, dtype, shape, and whether it is produced row chunk by row chunk."""
 
     name: str
-    dtype: torch.dtype
+    dtype: str  # safetensors' name: "BF16", "I32", ...
     shape: tuple[int, ...]
     rowwise: bool
 
@@ -59,10 +60,10 @@ def renamed(u: Unit, fn: Callable[[str], str]) -> Unit:
     return Unit(outs, u.nrows, u.produce, u.shard, u.src, u.src_bytes, u.row_bytes, u.converted, set(u.tags))
 
 
-def constant(name: str, value: torch.Tensor, shard: str) -> Unit:
-    """A unit with no source: a small tensor written whole."""
+def constant(name: str, value: np.ndarray, dtype: str, shard: str) -> Unit:
+    """A unit with no source: a small tensor written whole (``value`` in ``dtype``'s storage dtype)."""
 
-    def produce(start: int, stop: int) -> list[torch.Tensor | None]:
+    def produce(start: int, stop: int) -> list[np.ndarray | None]:
         return [value if start == 0 else None]
 
-    return Unit([Out(name, value.dtype, tuple(value.shape), False)], 0, produce, shard, converted=True)
+    return Unit([Out(name, dtype, tuple(value.shape), False)], 0, produce, shard, converted=True)

@@ -34,14 +34,14 @@ def test_zero_rows_tiny_values_and_ties():
 
 def test_compiled_path_runs_and_non_finite_falls_back():
     w = torch.ones((2, 64), dtype=torch.bfloat16)
-    bits = w.view(torch.int16).numpy().view("uint16")
-    q = np.empty((2, 64), np.int8)
-    s = np.empty((2, 1), np.float32)
+    bits = w.view(torch.int16).numpy().view("uint16").reshape(-1)
+    q = np.empty(2 * 64, np.int8)
+    s = np.empty(2, np.float32)
     e = np.empty(2, np.float32)
-    assert int8_fast._quantize(bits, q, s, e)
+    assert int8_fast._quantize(bits, 64, q, s, e)
     w[1, 3] = float("inf")
-    bits = w.view(torch.int16).numpy().view("uint16")
-    assert not int8_fast._quantize(bits, q, s, e)
+    bits = w.view(torch.int16).numpy().view("uint16").reshape(-1)
+    assert not int8_fast._quantize(bits, 64, q, s, e)
     _same(w[:1])
 
 
