@@ -296,6 +296,15 @@ def _transpose_in(bits: np.ndarray, s0: int, s1: int) -> np.ndarray:
     return t.reshape(-1)
 
 
+def _untranspose(t: np.ndarray, out: np.ndarray) -> None:
+    """Blocks [blocks, m, 64] (lane-major) back into rows [n, m]: one strided copy, no temporary."""
+    n, m = out.shape
+    full = n // _B
+    np.copyto(out[: full * _B].reshape(full, _B, m), t[:full].transpose(0, 2, 1))
+    if full * _B < n:
+        out[full * _B :] = t[full].T[: n - full * _B]
+
+
 def recover_bf16(bits: np.ndarray, reuse: bool = False, levels: bool = True) -> tuple | None:
     """bf16 groups as uint16 [n, 32] -> levels int8 [n, 32] (None unless ``levels``), packed int32
     [n, 4] (pack_int4's words), steps f32 [n], solved bool [n], max error f32 [n].
@@ -335,9 +344,9 @@ def recover_bf16(bits: np.ndarray, reuse: bool = False, levels: bool = True) -> 
             t = _transpose_in(bits, s0, s1)
             _refine(t, s1 - s0, tlev[b0:b1].reshape(-1), steps[s0:s1], solved[s0:s1], maxerr[s0:s1])
     packed = scratch.fresh_or_reused(reuse, "packed", (n, GROUP // 8), np.uint32)
-    packed[:] = tpack.transpose(0, 2, 1).reshape(-1, GROUP // 8)[:n]
+    _untranspose(tpack, packed)
     lev = None
     if levels:
         lev = scratch.fresh_or_reused(reuse, "levels", (n, GROUP), np.int8)
-        lev[:] = tlev.transpose(0, 2, 1).reshape(-1, GROUP)[:n]
+        _untranspose(tlev, lev)
     return lev, packed.view(np.int32), steps, solved, maxerr

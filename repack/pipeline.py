@@ -24,7 +24,7 @@ from repack.steps import Context, Step
 from repack.units import Out, Unit
 
 CHUNK_BYTES = 32 * 1024 * 1024  # source bytes per row chunk at most: keeps reads large
-IN_FLIGHT_BYTES = 768 * 1024 * 1024  # source bytes being converted at once, all workers together
+IN_FLIGHT_BYTES = 512 * 1024 * 1024  # source bytes being converted at once, all workers together
 STAMP = "repack.json"
 WEIGHT_FILES = ("config.json", "model.safetensors.index.json", STAMP)
 
@@ -99,8 +99,9 @@ def default_jobs() -> int:
 def chunk_bytes(jobs: int) -> int:
     """Source bytes per row chunk: 32 MiB, smaller when many workers would exceed the memory budget.
 
-    A chunk in flight holds its source rows and its outputs (about 1.8x the rows for int4), so
-    IN_FLIGHT_BYTES bounds the peak memory whatever the core count.
+    A worker holds its chunk's source rows and scratch for the results (about 2.3x the rows for
+    int4: transposed input, levels and words, packed words, steps), so IN_FLIGHT_BYTES keeps
+    the workers together near 1.2 GiB whatever the core count.
     """
     return max(4 << 20, min(CHUNK_BYTES, IN_FLIGHT_BYTES // max(1, jobs)))
 
