@@ -7,6 +7,12 @@ from pathlib import Path
 
 import pytest
 
+# torch before anything imports ansible: ansible-core's module_utils patch sys.intern when they
+# are imported, and torch._dynamo (which vLLM imports) then refuses it at its own import
+# ("substitute_in_graph expects a function"). Collection order decides which comes first, so
+# `pytest tests/unit` alone failed to collect; importing torch._dynamo here fixes the order.
+import torch._dynamo  # noqa: F401  # isort: skip
+
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = ROOT / ".venv" / "bin"
 

@@ -90,3 +90,16 @@ def test_layers_outside_the_e2b_pattern_are_refused(tmp_path, layers):
         bench_repack.main([str(tmp_path / "w"), "--layers", layers])
     assert e.value.code == 2
     assert not (tmp_path / "w").exists()
+
+
+def test_peak_memory_is_the_childs_own(tmp_path):
+    # The benchmark itself holds far more than the child: the child's figure must not inherit it.
+    import numpy as np
+
+    ballast = np.ones(400 << 20, np.uint8)  # 400 MiB resident in this process
+    script = tmp_path / "child.py"
+    script.write_text("import numpy as np\nx = np.ones(100 << 20, np.uint8)\n")
+    wall, peak, code = bench_repack.run_child([sys.executable, str(script)])
+    assert code == 0 and wall > 0
+    assert 100 << 20 < peak < 300 << 20, peak
+    assert ballast[-1] == 1
