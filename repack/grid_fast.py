@@ -11,8 +11,11 @@ than the same loop here), and the scratch arrays are flat on purpose: numba's 2-
 inner loops of 16 or 32, kept LLVM from vectorizing (measured 20x slower on the same loop).
 
 Per block of 64 groups: widen bf16 to float32 and take each group's peak as an integer max of
-the magnitude bits (the same order as the floats' for finite values); try m = 8, 7, 6, 5, 4 on
-every lane, each lane keeping the first that fits, as the reference does; take the levels, and
+the magnitude bits (the same order as the floats' for finite values); screen the five candidate
+steps m = 8, 7, 6, 5, 4 in one cheap pass (a necessary condition, looser than the exact test),
+then run the reference's exact test on each lane's first unscreened candidate, moving on only
+where it fails, so each lane keeps the first step that fits, as the reference does, usually
+after one exact pass instead of up to five; take the levels, and
 where no level is +-1 divide by their gcd (a table lookup on the set of |levels|); then the
 error and pack_int4's words. Groups that fit no step (off-grid input only) take the scalar path
 the reference spells out. The least-squares refinement runs only when some solved group is
@@ -37,6 +40,7 @@ _B = 64  # groups per block: one SIMD lane each
 _BLOCK = GROUP * _B  # values per block
 _SUB = 1 << 16  # groups per sub-chunk (4 MiB of bf16): bounds the transposed input copy
 _REL = np.float32(2.0**-7)  # grid.REL_TOL
+_SCREEN = np.float32(0.07)  # the screen's slack: above the exact test's 1/16 plus rounding
 _STOL = np.float32(2.0**-6)  # grid.STEP_TOL
 _ONE = np.float32(1.0)
 _ZERO = np.float32(0.0)
@@ -117,8 +121,54 @@ def _misses(x, tolx, s, safe, steptol, bad):  # pragma: no cover - compiled
             bad[k] |= (abs(lv * step - v) > tol) | (lv < -8) | (lv > 7)
 
 
+@numba.njit(inline="always", **_JIT)
+def _screen(x, amax, rinv, rejected):  # pragma: no cover - compiled
+    """rejected[k]: bit c set when m = 8 - c cannot fit group k, for the five candidates at once.
+
+    A cheap necessary condition, one pass for all five: m * x / amax must lie within _SCREEN of
+    an integer, and below 8 for m = 8. The exact test accepts only values within 1/16 of a level
+    (plus float rounding, about 1e-6 here), so every step it accepts passes this screen: trying
+    the unrejected candidates in order still finds the reference's first fit, usually with one
+    exact pass instead of five. NaN (a subnormal peak overflowing 1/amax) rejects nothing.
+    """
+    for k in range(_B):
+        a = amax[k]
+        rinv[k] = _ONE / a if a > 0 else _ZERO
+        rejected[k] = 0
+    for j in range(GROUP):
+        for k in range(_B):
+            r = x[j * _B + k] * rinv[k]
+            t8 = r * np.float32(8.0)
+            t7 = r * np.float32(7.0)
+            t6 = r * np.float32(6.0)
+            t5 = r * np.float32(5.0)
+            t4 = r * np.float32(4.0)
+            q8 = np.rint(t8)
+            rejected[k] |= (
+                np.int32((abs(q8 - t8) > _SCREEN) | (q8 > 7))
+                | (np.int32(abs(np.rint(t7) - t7) > _SCREEN) << 1)
+                | (np.int32(abs(np.rint(t6) - t6) > _SCREEN) << 2)
+                | (np.int32(abs(np.rint(t5) - t5) > _SCREEN) << 3)
+                | (np.int32(abs(np.rint(t4) - t4) > _SCREEN) << 4)
+            )
+
+
+def _first_open() -> np.ndarray:
+    """For each 5-bit set of tried candidates, the first one not tried (5: none left)."""
+    t = np.full(32, 5, np.int32)
+    for bits in range(32):
+        for c in range(5):
+            if not bits >> c & 1:
+                t[bits] = c
+                break
+    return t
+
+
+_FIRST_OPEN = _first_open()
+
+
 @numba.njit(**_JIT)
-def _recover(tbits, nb, tlev, tpack, steps, solved, maxerr, gcds):  # pragma: no cover - compiled
+def _recover(tbits, nb, tlev, tpack, steps, solved, maxerr, gcds, first_open):  # pragma: no cover
     """Blocks of transposed bf16 bits -> transposed levels and packed words, per-group results.
 
     tbits: uint16 [blocks * 2048] ([j * 64 + k] in each block); nb: real groups (the rest are
@@ -145,6 +195,9 @@ def _recover(tbits, nb, tlev, tpack, steps, solved, maxerr, gcds):  # pragma: no
     nz = np.empty(_B, np.int32)
     row = np.empty(GROUP, np.float32)
     lev = np.empty(GROUP, np.int8)
+    rinv = np.empty(_B, np.float32)
+    tried = np.empty(_B, np.int32)
+    cand = np.empty(_B, np.int32)
     inexact = 0
     for b in range(tbits.shape[0] // _BLOCK):
         g0 = b * _B
@@ -155,19 +208,24 @@ def _recover(tbits, nb, tlev, tpack, steps, solved, maxerr, gcds):  # pragma: no
             amaxu[k] = mb[k]
             step[k] = amax[k] / np.float32(8.0)  # unsolved groups keep the amax/8 levels
             ok[k] = 0
-        for m in (8, 7, 6, 5, 4):  # the first step that fits wins, as in the reference
-            for k in range(_B):
-                s[k] = amax[k] / np.float32(m)
-            _lanes(s, safe, steptol)
-            _misses(x, tolx, s, safe, steptol, bad)
+        _screen(x, amax, rinv, tried)  # candidates the screen rejects count as tried
+        while True:  # each lane tries its first untried candidate: the first that fits wins
             left = 0
             for k in range(_B):
-                take = (ok[k] == 0) & (bad[k] == 0)
-                step[k] = s[k] if take else step[k]
-                ok[k] |= take
-                left += ok[k] == 0
+                c = first_open[tried[k]] if ok[k] == 0 else 5
+                cand[k] = c
+                left += c < 5
+                s[k] = amax[k] / np.float32(8 - min(c, 4))
             if left == 0:
                 break
+            _lanes(s, safe, steptol)
+            _misses(x, tolx, s, safe, steptol, bad)
+            for k in range(_B):
+                c = cand[k]
+                take = (c < 5) & (bad[k] == 0)
+                step[k] = s[k] if take else step[k]
+                ok[k] |= take
+                tried[k] |= (1 << c) & 31
         _lanes(step, safe, steptol)
         for k in range(_B):
             ones[k] = 0
@@ -333,6 +391,7 @@ def recover_bf16(bits: np.ndarray, reuse: bool = False, levels: bool = True) -> 
             solved[s0:s1],
             maxerr[s0:s1],
             _GCDS,
+            _FIRST_OPEN,
         )
         if r < 0:
             return None

@@ -101,3 +101,21 @@ def test_pack_equals_reference(dtype):
     lv = torch.randint(-8, 8, (33, 256), generator=gen).to(dtype)
     assert torch.equal(pack_int4(lv), pack_int4_reference(lv))
     assert torch.equal(pack_int4(lv[:, 64:192]), pack_int4_reference(lv[:, 64:192]))
+
+
+def test_values_one_ulp_off_the_grid_at_every_peak():
+    # The exact test's widest slack: values one bf16 ulp away from level * step. The kernel's
+    # one-pass screen of the five candidate steps must never reject a step the exact test takes.
+    solved_inexact = 0
+    for peak in range(1, 9):
+        gen = torch.Generator().manual_seed(100 + peak)
+        lv = torch.randint(-peak, min(peak, 7) + 1, (256, 32), generator=gen)
+        lv[:, 0] = -peak
+        w = (lv.to(torch.float32) * (5 * 2.0**-12)).to(torch.bfloat16)
+        bits = w.view(torch.int16)
+        nudge = torch.randint(-1, 2, bits.shape, generator=gen, dtype=torch.int16)
+        nudge[lv == 0] = 0  # zeros stay zeros
+        nudge[:, 0] = 0  # and the peak, which sets the candidate steps
+        r = _same((bits + nudge).view(torch.bfloat16))
+        solved_inexact += (r.groups - r.off_grid) * (r.max_abs_error > 0)
+    assert solved_inexact > 200  # the slack was exercised: many groups fit only within tolerance
