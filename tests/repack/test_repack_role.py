@@ -60,3 +60,13 @@ def test_unknown_key_fails_naming_the_valid_keys(tmp_path):
 def test_hub_entry_is_refused(tmp_path):
     r = _play(tmp_path, "bf16")
     assert r.returncode != 0 and "kind: repack" in r.stdout
+
+
+def test_jobs_reach_the_converter_only_when_set(tmp_path):
+    # 0 (the default) leaves the converter's own default, every CPU; N > 0 passes --jobs N.
+    default = _play(tmp_path / "a", "tiny-emb4", "-v")
+    assert default.returncode == 0, default.stdout[-3000:]
+    assert "- --force" in default.stdout and "- --jobs" not in default.stdout  # the argv, as -v shows it
+    one = _play(tmp_path / "b", "tiny-emb4", "-v", "-e", "repack_jobs=1")
+    assert one.returncode == 0, one.stdout[-3000:]
+    assert re.search(r"- --jobs\n\s*- '?1'?\n", one.stdout), one.stdout[-3000:]
