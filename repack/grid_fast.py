@@ -167,6 +167,19 @@ def _first_open() -> np.ndarray:
 _FIRST_OPEN = _first_open()
 
 
+@numba.njit(inline="always", **_JIT)
+def _block_arrays():  # pragma: no cover - compiled
+    """Scratch for one block: x and its bits, tolx, the levels (float32), the peaks' bits."""
+    x = np.empty(_BLOCK, np.float32)
+    return (
+        x,
+        x.view(np.uint32),
+        np.empty(_BLOCK, np.float32),
+        np.empty(_BLOCK, np.float32),
+        np.empty(_B, np.uint32),
+    )
+
+
 @numba.njit(**_JIT)
 def _recover(tbits, nb, tlev, tpack, steps, solved, maxerr, gcds, first_open):  # pragma: no cover
     """Blocks of transposed bf16 bits -> transposed levels and packed words, per-group results.
@@ -175,11 +188,7 @@ def _recover(tbits, nb, tlev, tpack, steps, solved, maxerr, gcds, first_open):  
     zero padding); tlev: int8, same layout; tpack: uint32 [blocks * 256] ([w * 64 + k]).
     Returns -1 if a value is not finite, else 1 if some solved group is inexact, else 0.
     """
-    x = np.empty(_BLOCK, np.float32)
-    xu = x.view(np.uint32)
-    tolx = np.empty(_BLOCK, np.float32)
-    lv = np.empty(_BLOCK, np.float32)
-    mb = np.empty(_B, np.uint32)
+    x, xu, tolx, lv, mb = _block_arrays()
     amax = np.empty(_B, np.float32)
     amaxu = amax.view(np.uint32)
     s = np.empty(_B, np.float32)
@@ -284,11 +293,7 @@ def _recover(tbits, nb, tlev, tpack, steps, solved, maxerr, gcds, first_open):  
 def _refine(tbits, nb, tlev, steps, solved, maxerr):  # pragma: no cover - compiled
     """Least squares on every solved group: keep the refined step where it still fits and gives
     the same levels. Same layouts as _recover."""
-    x = np.empty(_BLOCK, np.float32)
-    xu = x.view(np.uint32)
-    tolx = np.empty(_BLOCK, np.float32)
-    lv = np.empty(_BLOCK, np.float32)
-    mb = np.empty(_B, np.uint32)
+    x, xu, tolx, lv, mb = _block_arrays()
     ref = np.empty(_B, np.float32)
     safe = np.empty(_B, np.float32)
     steptol = np.empty(_B, np.float32)
