@@ -115,17 +115,10 @@ def recover_array(block: np.ndarray, dtype: str, reuse: bool = False, levels: bo
         r = _fast(np.ascontiguousarray(block), rows, cols, reuse, levels)
         if r is not None:
             return r
-    import torch
-
     from repack.packing import pack_int4
+    from repack.torch_bf16 import to_torch
 
-    block = np.ascontiguousarray(block)
-    t = (
-        torch.from_numpy(block.view(np.int16)).view(torch.bfloat16)
-        if dtype == "BF16"
-        else torch.from_numpy(block)
-    )
-    ref = recover_reference(t)
+    ref = recover_reference(to_torch(block, dtype))
     return GridResult(
         levels=ref.levels.numpy() if levels else None,
         packed=pack_int4(ref.levels).numpy(),
@@ -151,8 +144,9 @@ def recover(block: torch.Tensor, group: int = GROUP, reuse: bool = False, levels
 
     if block.dtype == torch.bfloat16 and group == GROUP and block.dim() == 2:
         rows, cols = block.shape
-        bits = block.contiguous().view(torch.int16).numpy().view(np.uint16)
-        r = _fast(bits, rows, cols, reuse, levels)
+        from repack.torch_bf16 import bits
+
+        r = _fast(bits(block), rows, cols, reuse, levels)
         if r is not None:
             r.levels = None if r.levels is None else torch.from_numpy(r.levels)
             r.packed, r.steps = torch.from_numpy(r.packed), torch.from_numpy(r.steps)

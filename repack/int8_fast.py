@@ -89,11 +89,9 @@ def quantize_array(w: np.ndarray, dtype: str, reuse: bool = False) -> tuple[np.n
         errs = np.empty(rows, np.float32)
         if _quantize(np.ascontiguousarray(w).reshape(-1), cols, q.reshape(-1), scale.reshape(-1), errs):
             return q, scale, float(errs.max())
-    import torch
+    from repack.torch_bf16 import to_torch
 
-    w = np.ascontiguousarray(w)
-    t = torch.from_numpy(w.view(np.int16)).view(torch.bfloat16) if dtype == "BF16" else torch.from_numpy(w)
-    rq, rs, re_ = quantize_reference(t)
+    rq, rs, re_ = quantize_reference(to_torch(w, dtype))
     return rq.numpy(), rs.numpy(), re_
 
 
@@ -103,5 +101,7 @@ def quantize(w: torch.Tensor, reuse: bool = False) -> tuple[torch.Tensor, torch.
 
     if w.dtype != torch.bfloat16 or w.dim() != 2 or not w.numel():
         return quantize_reference(w)
-    q, scale, err = quantize_array(w.contiguous().view(torch.int16).numpy().view(np.uint16), "BF16", reuse)
+    from repack.torch_bf16 import bits
+
+    q, scale, err = quantize_array(bits(w), "BF16", reuse)
     return torch.from_numpy(q), torch.from_numpy(scale), err
