@@ -30,11 +30,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from repack import grid  # noqa: E402
 from repack.st_io import ShardWriter  # noqa: E402
+from repack.torch_bf16 import bits  # noqa: E402
 
 GiB = 1024**3
 SHARD_BYTES = 4 * 10**9
@@ -165,11 +165,6 @@ def write_source(out: Path, small: bool, layers: int | None = None) -> int:
     return total
 
 
-def bits(t: torch.Tensor) -> np.ndarray:
-    """A bf16 tensor as the uint16 array ShardWriter stores for BF16."""
-    return t.contiguous().view(torch.int16).numpy().view(np.uint16)
-
-
 def dir_bytes(d: Path) -> int:
     return sum(f.stat().st_size for f in d.iterdir() if f.is_file())
 
@@ -296,7 +291,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     for label, inp, out, cmd in runs:
         if out is not None:
-            shutil.rmtree(out, ignore_errors=True)
             cmd = [*cmd, "--quiet"]
         if not (inp / "config.json").exists():
             print(f"{label:<32} skipped: its input {inp} was not built", flush=True)
@@ -314,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
             if code:
                 break
         copies.append(copy_time(inp, wd / "copy"))
-        wall, ctime, before = min(walls), min(copies), copies[0]
+        wall, ctime = min(walls), min(copies)
         r = {
             "run": label,
             "input_gb": round(gb, 3),
@@ -322,7 +316,6 @@ def main(argv: list[str] | None = None) -> int:
             "input_gb_per_s": round(gb / wall, 3),
             "peak_rss_gib": round(peak / GiB, 3),
             "copy_s": round(ctime, 2),
-            "copy_before_s": round(before, 2),
             "walls_s": [round(w, 2) for w in walls],
             "copies_s": [round(c, 2) for c in copies],
             "ratio_to_copy": round(wall / ctime, 2),

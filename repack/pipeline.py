@@ -177,6 +177,13 @@ def _direct(src: Source, u: Unit) -> bool:
     return u.passthrough and u.outs[0].dtype == src.tensors[u.src].dtype  # type: ignore[index]
 
 
+def row_chunks(nrows: int, row_bytes: int, chunk: int) -> Iterator[tuple[int, int]]:
+    """(start, stop) row ranges of at most ``chunk`` bytes (at least one row each)."""
+    step = max(1, chunk // max(1, row_bytes))
+    for start in range(0, nrows, step):
+        yield start, min(nrows, start + step)
+
+
 def _tasks(src: Source, units: list[Unit], chunk: int) -> Iterator[tuple[Unit, int, int]]:
     """(unit, start row, stop row) pieces of work; (unit, -1, -1) is a whole-tensor block copy."""
     for u in units:
@@ -185,9 +192,8 @@ def _tasks(src: Source, units: list[Unit], chunk: int) -> Iterator[tuple[Unit, i
         elif u.nrows == 0:
             yield u, 0, 0
         else:
-            step = max(1, chunk // max(1, u.row_bytes))
-            for start in range(0, u.nrows, step):
-                yield u, start, min(u.nrows, start + step)
+            for start, stop in row_chunks(u.nrows, u.row_bytes, chunk):
+                yield u, start, stop
 
 
 def _write_units(src: Source, path: Path, units: list[Unit], bar: tqdm, summary: Summary, jobs: int) -> None:

@@ -17,7 +17,7 @@ if __package__ in (None, ""):
 
 from repack import cli, grid
 from repack.st_io import Source
-from repack.steps import EMBED, LINEAR, STEPS, repack
+from repack.steps import EMBED, LINEAR, STEPS, Context, TensorStats, repack
 
 PROG = "repack_q4_0.py"
 
@@ -26,7 +26,7 @@ def check(src_dir: Path, quiet: bool, jobs: int | None = None) -> int:
     """Print groups, off-grid groups and worst error per quantizable tensor and in total."""
     from tqdm import tqdm
 
-    from repack.pipeline import bounded_map, chunk_bytes, default_jobs
+    from repack.pipeline import bounded_map, chunk_bytes, default_jobs, row_chunks
 
     src = Source(src_dir)
     names = [n for n in sorted(src.tensors) if LINEAR.match(n) or EMBED.match(n)]
@@ -36,11 +36,8 @@ def check(src_dir: Path, quiet: bool, jobs: int | None = None) -> int:
         grid.check_group_shape(name, src.tensors[name].shape)
     jobs = jobs or default_jobs()
     chunk = chunk_bytes(jobs)
-    tasks = []
-    for name in names:
-        info = src.tensors[name]
-        step = max(1, chunk // max(1, info.nbytes // info.shape[0]))
-        tasks += [(name, start, min(info.shape[0], start + step)) for start in range(0, info.shape[0], step)]
+    row_bytes = {n: src.tensors[n].nbytes // max(1, src.tensors[n].shape[0]) for n in names}
+    tasks = [(n, a, b) for n in names for a, b in row_chunks(src.tensors[n].shape[0], row_bytes[n], chunk)]
 
     def one(task: tuple[str, int, int]) -> grid.GridResult:
         name, start, stop = task
@@ -48,20 +45,19 @@ def check(src_dir: Path, quiet: bool, jobs: int | None = None) -> int:
             src.rows(name, start, stop, reuse=True), src.tensors[name].dtype, reuse=True, levels=False
         )
 
-    per: dict[str, list] = {n: [0, 0, 0.0, 0.0] for n in names}
+    ctx = Context()
     total = sum(src.tensors[n].nbytes for n in names)
     with tqdm(total=total, unit="B", unit_scale=True, desc="check", disable=quiet, file=sys.stderr) as bar:
         for (name, start, stop), r in bounded_map(one, tasks, jobs):
-            p = per[name]
-            p[0], p[1] = p[0] + r.groups, p[1] + r.off_grid
-            p[2], p[3] = max(p[2], r.max_abs_error), max(p[3], r.max_rel_step_error)
-            bar.update(src.tensors[name].nbytes // src.tensors[name].shape[0] * (stop - start))
+            ctx.record(name, r)
+            bar.update(row_bytes[name] * (stop - start))
+    stats = [(n, ctx.stats.get(n, TensorStats())) for n in names]
     print(f"{'tensor':<72} {'groups':>12} {'off-grid':>9} {'max err':>10} {'err/step':>9}")
-    for name, (g, off, err, rel) in per.items():
-        print(f"{name:<72} {g:>12} {off:>9} {err:>10.3g} {rel:>9.3g}")
-    total_groups = sum(p[0] for p in per.values())
-    total_off = sum(p[1] for p in per.values())
-    worst = max(p[2] for p in per.values())
+    for name, t in stats:
+        print(f"{name:<72} {t.groups:>12} {t.off_grid:>9} {t.max_abs_error:>10.3g} {t.max_step_error:>9.3g}")
+    total_groups = sum(t.groups for _, t in stats)
+    total_off = sum(t.off_grid for _, t in stats)
+    worst = max(t.max_abs_error for _, t in stats)
     print(f"{'TOTAL':<72} {total_groups:>12} {total_off:>9} {worst:>10.3g}")
     if total_off:
         print(f"{PROG}: {total_off} group(s) fit no Q4_0 grid", file=sys.stderr)
