@@ -192,14 +192,17 @@ def recover_reference(block: torch.Tensor, group: int = GROUP) -> GridResult:
         levels[coarse] = levels[coarse] // g[coarse]
         steps[coarse] = steps[coarse] * g[coarse].to(torch.float32)
     # Least squares refines steps whose values were rounded to bf16 (real QAT steps are not
-    # always bf16-representable); keep the refined step only where it still reproduces.
+    # always bf16-representable); keep the refined step only where it still reproduces. Only
+    # inexact groups are refined, each on its own, so a group's result never depends on which
+    # other groups share the block (the converters feed row chunks of any size).
     lvf = levels.to(torch.float32)
     err = (lvf * steps - x).abs()
-    if bool((err[solved] > 0).any()):
+    inexact = solved & (err > 0).any(dim=1)
+    if bool(inexact.any()):
         den = (lvf * lvf).sum(dim=1, keepdim=True)
         refined = torch.where(den > 0, (x * lvf).sum(dim=1, keepdim=True) / den.clamp_min(1), steps)
         lv2, ok = _fits(x, tol_x, refined)
-        better = ok & solved & (lv2.to(torch.int32) == levels).all(dim=1)
+        better = ok & inexact & (lv2.to(torch.int32) == levels).all(dim=1)
         steps[better] = refined[better]
         err = (lvf * steps - x).abs()
     off = int((~solved).sum())

@@ -119,3 +119,21 @@ def test_values_one_ulp_off_the_grid_at_every_peak():
         r = _same((bits + nudge).view(torch.bfloat16))
         solved_inexact += (r.groups - r.off_grid) * (r.max_abs_error > 0)
     assert solved_inexact > 200  # the slack was exercised: many groups fit only within tolerance
+
+
+def test_a_group_result_does_not_depend_on_its_neighbours():
+    # Exact groups (a bf16 step) beside inexact ones (rounded steps, refined by least squares):
+    # refinement is per group, so the converters' row chunks of any size give the same result.
+    gen = torch.Generator().manual_seed(9)
+    lv = torch.randint(-8, 8, (256, 32), generator=gen)
+    step = torch.rand((256, 1), generator=gen) * 1e-2 + 1e-4
+    step[::2] = 3 * 2.0**-10
+    w = _levels_times_step(lv, step)  # [32, 256]: both kinds in every row
+    whole = _same(w)
+    assert whole.max_abs_error > 0
+    rows = [_same(w[i : i + 1]) for i in range(w.shape[0])]
+    assert torch.equal(torch.cat([r.steps for r in rows]), whole.steps)
+    assert torch.equal(torch.cat([r.levels for r in rows]), whole.levels)
+    exact = _same(w.reshape(-1, 32)[::2].reshape(16, 256))  # the exact groups alone
+    assert exact.max_abs_error == 0
+    assert torch.equal(exact.steps.reshape(-1), whole.steps.reshape(-1)[::2])
