@@ -91,15 +91,15 @@ def _fast(bits: np.ndarray, rows: int, cols: int, reuse: bool, levels: bool) -> 
         return None
     lev, packed, steps, solved, maxerr = fast
     n = steps.shape[0]
-    rel = maxerr / np.maximum(steps, np.finfo(np.float32).tiny)
+    count, err, rel = grid_fast.summary(steps, solved, maxerr)
     return GridResult(
         levels=None if lev is None else lev.reshape(rows, cols),
         packed=packed.reshape(rows, cols // 8),
         steps=steps.reshape(rows, cols // GROUP),
-        off_grid=int(n - np.count_nonzero(solved)),
+        off_grid=int(n - count),
         groups=n,
-        max_abs_error=float(maxerr.max()) if n else 0.0,
-        max_rel_step_error=float(rel.max()) if n else 0.0,
+        max_abs_error=float(err),
+        max_rel_step_error=float(rel),
     )
 
 

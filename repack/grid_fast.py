@@ -303,6 +303,22 @@ def _recover(tquads, nb, want_levels, tlev, tpack, steps, solved, maxerr, gcds):
     return 0
 
 
+@numba.njit(**_JIT)
+def summary(steps, solved, maxerr):  # pragma: no cover - compiled
+    """(groups solved, max error, max error / step) of recover_bf16's per-group results, in one
+    pass; the ratio in float32 against max(step, the smallest normal float32), as grid's is."""
+    tiny = np.float32(np.finfo(np.float32).tiny)
+    count = 0
+    err = _ZERO
+    rel = _ZERO
+    for g in range(steps.shape[0]):
+        count += solved[g]
+        e = maxerr[g]
+        err = max(err, e)
+        rel = max(rel, e / max(steps[g], tiny))
+    return count, err, rel
+
+
 def _gcd_table() -> np.ndarray:
     """gcd of every subset of 0..8, indexed by its bit mask."""
     t = np.zeros(1 << 9, np.int8)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from repack import grid
+from repack import grid, half, scratch
 from repack.st_io import FLOATS, STORAGE
 from repack.units import Out, Unit, constant, renamed
 
@@ -27,7 +27,7 @@ LINEAR = re.compile(
 EMBED = re.compile(r"^model\.(?:language_model\.)?(embed_tokens|embed_tokens_per_layer)\.weight$")
 TOWERS = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.")
 TOWER_IGNORE = ["re:.*vision_tower.*", "re:.*audio_tower.*", "re:.*embed_vision.*", "re:.*embed_audio.*"]
-SCALE_DTYPE = "F16"  # the T4 computes in float16; fp16 also keeps 3 more step bits than bf16
+SCALE_DTYPE = "F16"  # the T4 computes in float16; fp16 also keeps 3 more step bits than bf16 (repack.half)
 
 W4 = {
     "num_bits": 4,
@@ -107,9 +107,10 @@ def int4_unit(u: Unit, ctx: Context, extra_bases: tuple[str, ...] = ()) -> Unit:
         w = inner(start, stop)[0]
         r = grid.recover_array(w, o.dtype, reuse=True, levels=False)
         ctx.record(o.name, r)
+        scales = half.from_float32(r.steps, scratch.array("scales", r.steps.shape, np.float16))
         one = [
             r.packed,
-            r.steps.astype(STORAGE[SCALE_DTYPE]),
+            scales,
             np.array([rows, cols], np.int64) if start == 0 else None,
         ]
         return one * len(bases)
