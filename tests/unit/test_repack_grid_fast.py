@@ -137,3 +137,19 @@ def test_a_group_result_does_not_depend_on_its_neighbours():
     exact = _same(w.reshape(-1, 32)[::2].reshape(16, 256))  # the exact groups alone
     assert exact.max_abs_error == 0
     assert torch.equal(exact.steps.reshape(-1), whole.steps.reshape(-1)[::2])
+
+
+def test_candidates_rejected_only_by_values_the_screen_skips():
+    # The kernel screens candidate steps on each group's first values only; a candidate that
+    # those values allow but a later value rules out must fall to the exact test, then to the
+    # next candidate. Here m = 8 and m = 7 pass on the first 16 values (levels 0 and -3 of the
+    # true grid) and fail at a later level 1 or 2, so the group ends at m = 6 and a gcd of 2.
+    gen = torch.Generator().manual_seed(10)
+    lv = torch.randint(0, 2, (128, 32), generator=gen) * -3
+    lv[:, 0] = -3
+    lv[:, 16:] = torch.randint(-2, 3, (128, 16), generator=gen)
+    lv[:, 31] = torch.randint(1, 3, (128,), generator=gen)  # at least one value off m = 8 and 7
+    step = torch.full((128, 1), 5 * 2.0**-12)
+    r = _same(_levels_times_step(lv, step))
+    assert r.off_grid == 0
+    assert torch.equal(r.levels.reshape(-1, 32), lv.to(torch.int8))  # the true grid, recovered
