@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from repack import grid, half, scratch
+from repack import grid, scratch
 from repack.st_io import FLOATS, STORAGE
 from repack.units import Out, Unit, constant, renamed
 
@@ -102,6 +102,8 @@ def int4_unit(u: Unit, ctx: Context, extra_bases: tuple[str, ...] = ()) -> Unit:
             Out(f"{b}.weight_shape", "I64", (2,), False),
         ]
     inner = u.produce
+
+    from repack import half  # numba's import is paid only by the steps that recover grids
 
     def produce(start: int, stop: int) -> list[np.ndarray | None]:
         w = inner(start, stop)[0]

@@ -131,19 +131,33 @@ def test_block_copies_fall_back_when_copy_file_range_is_refused(qat, tmp_path, m
 )
 def test_converters_never_import_torch(qat, tmp_path, argv):
     # torch's import was 1-3 s of every run and up to 0.9 GiB of resident memory (CUDA builds).
+    assert _imported(argv, {"qat": qat, "out": tmp_path / "out"}, "torch") == []
+
+
+def test_text_only_never_imports_numba(qat, tmp_path):
+    # numba's import (about 0.2 s) is paid only by the steps that recover grids.
+    assert (
+        _imported(["text_only.py", "{qat}", "{out}", "-q"], {"qat": qat, "out": tmp_path / "out"}, "numba")
+        == []
+    )
+
+
+def _imported(argv: list[str], fill: dict, package: str) -> list[str]:
+    """The modules of ``package`` loaded by a run of repack/ARGV[0] with ``argv`` in a fresh interpreter."""
+    import json
     import subprocess
     import sys
 
     root = Path(__file__).resolve().parents[2]
-    args = [a.format(qat=qat, out=tmp_path / "out") for a in argv]
+    args = [a.format(**fill) for a in argv]
     code = (
-        "import runpy, sys\n"
+        "import json, runpy, sys\n"
         f"sys.argv = {args!r}\n"
         "try:\n"
         f"    runpy.run_path({str(root / 'repack' / argv[0])!r}, run_name='__main__')\n"
         "except SystemExit as exc:\n"
         "    assert not exc.code, exc.code\n"
-        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
+        f"print(json.dumps(sorted(m for m in sys.modules if m == {package!r} or m.startswith({package + '.'!r}))))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root)
-    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
