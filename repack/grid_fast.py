@@ -191,7 +191,8 @@ def _recover(tquads, nb, want_levels, tlev, tpack, steps, solved, maxerr, gcds):
 
     tquads: uint64 [blocks * 512] (_transpose_in's layout); nb: real groups (the rest are
     zero padding); tlev: int8 [blocks * 2048] ([j * 64 + k]), written only if ``want_levels``;
-    tpack: uint32 [blocks * 256] ([w * 64 + k]: pack_int4's word w of group k). Returns -1 if a value is not finite, else 0.
+    tpack: uint32 [blocks * 256] ([w * 64 + k]: pack_int4's word w of group k). Returns -1 if
+    a value is not finite, else 0.
     """
     x, xu, lv, mb, top = _block_arrays()
     positive = np.empty(_B, np.int32)
