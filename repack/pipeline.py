@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import os
 import shutil
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -114,23 +116,24 @@ def bounded_map(fn: Callable[[T], R], items: Iterable[T], jobs: int) -> Iterator
     """(item, fn(item)) in completion order, with at most ``jobs`` calls running or done-unread.
 
     The converters' heavy calls (pread, the numba kernels, pwrite) release the GIL, so threads
-    spread them over the cores; the bound keeps memory at ``jobs`` chunks. The first exception
-    cancels what has not started and is raised here.
+    spread them over the cores; the bound keeps memory at ``jobs`` chunks. The next item is
+    taken only when a call has finished and its result has been handled, so a generator of
+    items sees what its consumer did with every earlier result. The first exception cancels
+    what has not started and is raised here.
     """
     if jobs <= 1:
         for it in items:
             yield it, fn(it)
         return
+    todo = iter(items)
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="repack") as pool:
         pending: dict[Future, T] = {}
         try:
-            for it in items:
-                if len(pending) >= jobs:
-                    done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                    for f in done:
-                        yield pending.pop(f), f.result()
-                pending[pool.submit(fn, it)] = it
-            while pending:
+            while True:
+                for it in itertools.islice(todo, jobs - len(pending)):
+                    pending[pool.submit(fn, it)] = it
+                if not pending:
+                    return
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for f in done:
                     yield pending.pop(f), f.result()
@@ -184,7 +187,10 @@ def row_chunks(nrows: int, row_bytes: int, chunk: int) -> Iterator[tuple[int, in
         yield start, min(nrows, start + step)
 
 
-def _tasks(src: Source, units: list[Unit], chunk: int) -> Iterator[tuple[Unit, int, int]]:
+Task = tuple[Unit, int, int]
+
+
+def _tasks(src: Source, units: list[Unit], chunk: int) -> Iterator[Task]:
     """(unit, start row, stop row) pieces of work; (unit, -1, -1) is a whole-tensor block copy."""
     for u in units:
         if _direct(src, u):
@@ -196,33 +202,71 @@ def _tasks(src: Source, units: list[Unit], chunk: int) -> Iterator[tuple[Unit, i
                 yield u, start, stop
 
 
-def _write_units(src: Source, path: Path, units: list[Unit], bar: tqdm, summary: Summary, jobs: int) -> None:
-    """Write one output shard: workers convert row chunks in parallel, each written at its offset."""
-    specs = [(o.name, o.dtype, o.shape) for u in units for o in u.outs]
-    w = ShardWriter(path, specs)
+def _task_bytes(task: Task) -> int:
+    """Source bytes a task converts (what the progress bar counts)."""
+    u, start, stop = task
+    return u.src_bytes if stop <= 0 else u.row_bytes * (stop - start)
 
-    def work(task: tuple[Unit, int, int]) -> int:
-        u, start, stop = task
+
+def spread(queues: list[list[T]], size: Callable[[T], int], running: list[int]) -> Iterator[tuple[int, T]]:
+    """(queue index, item), each next item from the queue with the fewest items running, then the
+    most left to do.
+
+    ``running[i]`` counts queue i's items handed out: this generator adds one per item, and the
+    consumer takes one off when an item is finished (bounded_map asks for the next item only
+    after its consumer has seen every finished one).
+    """
+    todo = [deque(q) for q in queues]
+    left = [sum(map(size, q)) for q in queues]
+    while True:
+        open_ = [i for i, q in enumerate(todo) if q]
+        if not open_:
+            return
+        i = min(open_, key=lambda i: (running[i], -left[i]))
+        item = todo[i].popleft()
+        running[i] += 1
+        left[i] -= size(item)
+        yield i, item
+
+
+def _write_shards(src: Source, shards: list[tuple[Path, list[Unit]]], bar: tqdm, jobs: int) -> None:
+    """Write the output shards that hold converted tensors, all with one pool of workers.
+
+    Each chunk is written at its offset as soon as it is converted. The next task comes from
+    the shard with the fewest tasks running (then the most bytes left), so workers mostly
+    write different files: threads writing one file take turns on its inode lock, and the
+    waiting one spins (on a 2-CPU host about 9% of the CPU time of a one-pass build went there).
+    """
+    chunk = chunk_bytes(jobs)
+    running = [0] * len(shards)
+    writers: list[ShardWriter] = []
+
+    def work(item: tuple[int, Task]) -> int:
+        i, (u, start, stop) = item
+        w = writers[i]
         if start < 0:
             info = src.tensors[u.src]  # type: ignore[index]
             lo, _ = w.offsets[u.outs[0].name]
             _copy_range(src.fd(info.shard), info.start, w.fd, w.data_start + lo, info.nbytes, str(info.shard))
-            return u.src_bytes
-        if u.nrows == 0:
+        elif u.nrows == 0:
             for o, t in zip(u.outs, u.produce(0, 0), strict=True):
                 w.write(o.name, t.reshape(o.shape))
-            return u.src_bytes
-        for o, t in zip(u.outs, u.produce(start, stop), strict=True):
-            if t is not None:
-                w.write(o.name, t, start if o.rowwise else 0)
-        return u.row_bytes * (stop - start)
+        else:
+            for o, t in zip(u.outs, u.produce(start, stop), strict=True):
+                if t is not None:
+                    w.write(o.name, t, start if o.rowwise else 0)
+        return _task_bytes((u, start, stop))
 
     try:
-        for _, nbytes in bounded_map(work, _tasks(src, units, chunk_bytes(jobs)), jobs):
+        for path, units in shards:
+            writers.append(ShardWriter(path, [(o.name, o.dtype, o.shape) for u in units for o in u.outs]))
+        tasks = spread([list(_tasks(src, units, chunk)) for _, units in shards], _task_bytes, running)
+        for (i, _), nbytes in bounded_map(work, tasks, jobs):
+            running[i] -= 1
             bar.update(nbytes)
     finally:
-        w.close()
-    summary.tensors_converted += sum(u.converted and u.src is not None for u in units)
+        for w in writers:
+            w.close()
 
 
 def _rename_copy(src: Source, shard: Path, units: list[Unit], dst: Path) -> None:
@@ -303,6 +347,7 @@ def run(
             else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
         )
         weight_map: dict[str, str] = {}
+        converted: list[tuple[Path, list[Unit]]] = []
         with tqdm(
             total=total_in, unit="B", unit_scale=True, desc=label or "convert", disable=quiet, file=sys.stderr
         ) as bar:
@@ -317,10 +362,12 @@ def run(
                     summary.shards_copied += 1
                     bar.update(sum(u.src_bytes for u in us))
                 else:
-                    _write_units(src, dst, us, bar, summary, jobs)
+                    converted.append((dst, us))
                 for u in us:
                     weight_map.update(dict.fromkeys((o.name for o in u.outs), fname))
-                summary.bytes_out += dst.stat().st_size
+            _write_shards(src, converted, bar, jobs)
+        summary.tensors_converted = sum(u.converted and u.src is not None for _, us in converted for u in us)
+        summary.bytes_out = sum((tmp / fname).stat().st_size for fname in names)
         summary.bytes_in = total_in
         off = ctx.off_grid
         summary.off_grid_groups = sum(off.values())

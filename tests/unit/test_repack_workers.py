@@ -11,7 +11,7 @@ import pytest
 
 from repack import pipeline, repack_q4_0
 from repack.make_tiny_qat import build
-from repack.pipeline import bounded_map, chunk_bytes, run
+from repack.pipeline import bounded_map, chunk_bytes, run, spread
 from repack.steps import STEPS
 
 
@@ -93,6 +93,89 @@ def test_bounded_map_raises_the_first_error_and_stops_submitting():
         for _ in bounded_map(work, range(1000), 2):
             pass
     assert len(started) < 20  # the rest were never submitted
+
+
+def test_bounded_map_takes_the_next_item_only_after_a_finished_one_was_handled():
+    # spread() picks each next task from what the consumer has seen finish, so the item
+    # source must not run ahead of the consumer.
+    handled: list[int] = []
+    seen_at_pull: list[int] = []
+
+    def items():
+        for i in range(12):
+            seen_at_pull.append(len(handled))
+            yield i
+
+    for it, _ in bounded_map(lambda i: i, items(), 3):
+        handled.append(it)
+    assert seen_at_pull[:3] == [0, 0, 0]  # the first jobs items start at once
+    assert all(seen >= i - 2 for i, seen in enumerate(seen_at_pull))  # then one per handled result
+
+
+def test_spread_gives_each_running_slot_a_different_queue_and_refills_the_one_freed():
+    running = [0, 0, 0]
+    queues = [[("a", 1)] * 3, [("b", 5)] * 3, [("c", 2)] * 2]
+    picks = spread(queues, lambda item: item[1], running)
+    first = [next(picks)[0] for _ in range(3)]
+    assert first == [1, 2, 0]  # every queue has one running, the most bytes left first
+    running[2] -= 1  # a "c" item finished: the next comes from that queue again
+    assert next(picks) == (2, ("c", 2))
+    running[0] -= 1
+    running[1] -= 1  # ties on running: the queue with more left ("b": 10 bytes against "a": 2)
+    assert next(picks)[0] == 1
+    rest = list(picks)
+    assert sorted(i for i, _ in rest) == [0, 0, 1]
+    assert running == [2, 2, 1]  # every item handed out counted, minus the three finished
+
+
+@pytest.fixture(scope="module")
+def qat_split(qat, tmp_path_factory) -> Path:
+    """The same checkpoint with its language model in two shards: three in all."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    d = tmp_path_factory.mktemp("split") / "qat"
+    shutil.copytree(qat, d)
+    index = json.loads((d / "model.safetensors.index.json").read_text())
+    lm = "model-00001-of-00002.safetensors"
+    tensors = load_file(d / lm)
+    names = sorted(tensors)
+    halves = {"model-lm-a.safetensors": names[::2], "model-lm-b.safetensors": names[1::2]}
+    for fname, part in halves.items():
+        save_file({n: tensors[n] for n in part}, str(d / fname), metadata={"format": "pt"})
+        index["weight_map"].update(dict.fromkeys(part, fname))
+    (d / lm).unlink()
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    return d
+
+
+def _tensors(d: Path) -> dict[str, bytes]:
+    """Every tensor of a checkpoint directory, by name, as raw bytes (whatever its shard)."""
+    import torch
+    from safetensors import safe_open
+
+    out = {}
+    for f in sorted(d.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            for name in st.keys():  # noqa: SIM118 - safe_open has no __iter__
+                out[name] = st.get_tensor(name).contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+    return out
+
+
+@pytest.mark.parametrize("target", ["emb4", "w4a16"])
+def test_shards_converted_side_by_side_hold_the_same_tensors(qat, qat_split, tmp_path, monkeypatch, target):
+    # Workers take chunks of several output shards at once; every tensor still gets its bytes.
+    monkeypatch.setattr(pipeline, "chunk_bytes", lambda jobs: 4096)
+    run(qat, tmp_path / "two", STEPS[target], quiet=True, jobs=1)
+    run(qat_split, tmp_path / "three", STEPS[target], quiet=True, jobs=4)
+    one, many = _tensors(tmp_path / "two"), _tensors(tmp_path / "three")
+    assert one.keys() == many.keys()
+    assert [n for n in one if one[n] != many[n]] == []
+    assert len(list((tmp_path / "three").glob("*.safetensors"))) > len(
+        list((tmp_path / "two").glob("*.safetensors"))
+    )
 
 
 def test_chunk_size_shrinks_with_many_workers_to_bound_memory():
