@@ -206,13 +206,14 @@ def _block_arrays():  # pragma: no cover - compiled
 
 
 @numba.njit(**_JIT)
-def _recover(tquads, nb, want_levels, tlev, tpack, steps, solved, maxerr, gcds):  # pragma: no cover
-    """Blocks of transposed bf16 bits -> transposed levels and packed words, per-group results.
+def _recover(tquads, nb, want_levels, tlev, packed, steps, solved, maxerr, gcds):  # pragma: no cover
+    """Blocks of transposed bf16 bits -> transposed levels, packed words, per-group results.
 
     tquads: uint64 [blocks * 512] (_transpose_in's layout); nb: real groups (the rest are
     zero padding); tlev: int8 [blocks * 2048] ([j * 64 + k]), written only if ``want_levels``;
-    tpack: uint32 [blocks * 256] ([w * 64 + k]: pack_int4's word w of group k). Returns -1 if
-    a value is not finite, else 0.
+    packed: uint32 [nb * 4], pack_int4's words in row order (group g's word w at [4 g + w]:
+    each block's words are put back in row order here, while they are in cache, which costs
+    a third of numpy's strided copy afterwards). Returns -1 if a value is not finite, else 0.
     """
     x, xu, lv, mb, top = _block_arrays()
     positive = np.empty(_B, np.int32)
@@ -232,6 +233,7 @@ def _recover(tquads, nb, want_levels, tlev, tpack, steps, solved, maxerr, gcds):
     den = np.empty(_B, np.float32)
     e2 = np.empty(_B, np.float32)
     row = np.empty(GROUP, np.float32)
+    tpack = np.empty(GROUP // 8 * _B, np.uint32)  # this block's words, [w * 64 + k]
     lev = np.empty(GROUP, np.int8)
     rinv = np.empty(_B, np.float32)
     tried = np.empty(_B, np.int32)
@@ -300,7 +302,7 @@ def _recover(tquads, nb, want_levels, tlev, tpack, steps, solved, maxerr, gcds):
                 nz[k] = nk
                 num[k] = uk
                 den[k] = dk
-                tpack[b * GROUP // 8 * _B + w * _B + k] = word
+                tpack[w * _B + k] = word
         refine = 0
         for k in range(_B):
             refine += (nz[k] != 0) & (ok[k] != 0)
@@ -352,7 +354,10 @@ def _recover(tquads, nb, want_levels, tlev, tpack, steps, solved, maxerr, gcds):
                     if want_levels:
                         tlev[b * _BLOCK + (8 * w + i) * _B + k] = lev[8 * w + i]
                     word |= np.uint32(lev[8 * w + i] + 8) << np.uint32(4 * i)
-                tpack[b * GROUP // 8 * _B + w * _B + k] = word
+                tpack[w * _B + k] = word
+        for k in range(real):
+            for w in range(GROUP // 8):
+                packed[(g0 + k) * (GROUP // 8) + w] = tpack[w * _B + k]
     return 0
 
 
@@ -419,7 +424,7 @@ def recover_bf16(bits: np.ndarray, reuse: bool = False, levels: bool = True) -> 
     n = bits.shape[0]
     blocks = -(-n // _B)
     tlev = scratch.array("grid-levels", (blocks, GROUP, _B) if levels else (0, GROUP, _B), np.int8)
-    tpack = scratch.array("grid-packed", (blocks, GROUP // 8, _B), np.uint32)
+    packed = scratch.fresh_or_reused(reuse, "packed", (n, GROUP // 8), np.uint32)
     steps = scratch.fresh_or_reused(reuse, "steps", (n,), np.float32)
     solved = scratch.fresh_or_reused(reuse, "solved", (n,), np.bool_)
     maxerr = scratch.fresh_or_reused(reuse, "maxerr", (n,), np.float32)
@@ -432,7 +437,7 @@ def recover_bf16(bits: np.ndarray, reuse: bool = False, levels: bool = True) -> 
             s1 - s0,
             levels,
             tlev[b0:b1].reshape(-1),
-            tpack[b0:b1].reshape(-1),
+            packed[s0:s1].reshape(-1),
             steps[s0:s1],
             solved[s0:s1],
             maxerr[s0:s1],
@@ -440,8 +445,6 @@ def recover_bf16(bits: np.ndarray, reuse: bool = False, levels: bool = True) -> 
         )
         if r < 0:
             return None
-    packed = scratch.fresh_or_reused(reuse, "packed", (n, GROUP // 8), np.uint32)
-    _untranspose(tpack, packed)
     lev = None
     if levels:
         lev = scratch.fresh_or_reused(reuse, "levels", (n, GROUP), np.int8)
