@@ -26,7 +26,8 @@ def check(src_dir: Path, quiet: bool, jobs: int | None = None) -> int:
     """Print groups, off-grid groups and worst error per quantizable tensor and in total."""
     from tqdm import tqdm
 
-    from repack.pipeline import bounded_map, chunk_bytes, default_jobs, row_chunks
+    from repack import pipeline
+    from repack.pipeline import bounded_map, default_jobs, row_chunks
 
     src = Source(src_dir)
     names = [n for n in sorted(src.tensors) if LINEAR.match(n) or EMBED.match(n)]
@@ -35,7 +36,7 @@ def check(src_dir: Path, quiet: bool, jobs: int | None = None) -> int:
     for name in names:
         grid.check_group_shape(name, src.tensors[name].shape)
     jobs = jobs or default_jobs()
-    chunk = chunk_bytes(jobs)
+    chunk = pipeline.CHUNK_BYTES
     row_bytes = {n: src.tensors[n].nbytes // max(1, src.tensors[n].shape[0]) for n in names}
     tasks = [(n, a, b) for n in names for a, b in row_chunks(src.tensors[n].shape[0], row_bytes[n], chunk)]
 

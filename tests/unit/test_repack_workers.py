@@ -11,7 +11,7 @@ import pytest
 
 from repack import pipeline, repack_q4_0
 from repack.make_tiny_qat import build
-from repack.pipeline import bounded_map, chunk_bytes, run, spread
+from repack.pipeline import bounded_map, run, spread
 from repack.steps import STEPS
 
 
@@ -34,7 +34,6 @@ def _digests(d: Path) -> dict[str, str]:
 def test_every_job_count_writes_the_same_bytes(qat, tmp_path, monkeypatch, target):
     # Small chunks, so every tensor is split over several workers and chunks finish out of order.
     monkeypatch.setattr(pipeline, "CHUNK_BYTES", 4096)
-    monkeypatch.setattr(pipeline, "chunk_bytes", lambda jobs: 4096)
     serial = run(qat, tmp_path / "j1", STEPS[target], quiet=True, jobs=1)
     parallel = run(qat, tmp_path / "j4", STEPS[target], quiet=True, jobs=4)
     assert _digests(tmp_path / "j1") == _digests(tmp_path / "j4")
@@ -167,7 +166,7 @@ def _tensors(d: Path) -> dict[str, bytes]:
 @pytest.mark.parametrize("target", ["emb4", "w4a16"])
 def test_shards_converted_side_by_side_hold_the_same_tensors(qat, qat_split, tmp_path, monkeypatch, target):
     # Workers take chunks of several output shards at once; every tensor still gets its bytes.
-    monkeypatch.setattr(pipeline, "chunk_bytes", lambda jobs: 4096)
+    monkeypatch.setattr(pipeline, "CHUNK_BYTES", 4096)
     run(qat, tmp_path / "two", STEPS[target], quiet=True, jobs=1)
     run(qat_split, tmp_path / "three", STEPS[target], quiet=True, jobs=4)
     one, many = _tensors(tmp_path / "two"), _tensors(tmp_path / "three")
@@ -176,12 +175,6 @@ def test_shards_converted_side_by_side_hold_the_same_tensors(qat, qat_split, tmp
     assert len(list((tmp_path / "three").glob("*.safetensors"))) > len(
         list((tmp_path / "two").glob("*.safetensors"))
     )
-
-
-def test_chunk_size_shrinks_with_many_workers_to_bound_memory():
-    assert chunk_bytes(1) == chunk_bytes(16) == 32 << 20
-    assert chunk_bytes(64) * 64 <= pipeline.IN_FLIGHT_BYTES
-    assert chunk_bytes(10_000) == 4 << 20  # never tiny: reads stay large
 
 
 def test_block_copies_fall_back_when_copy_file_range_is_refused(qat, tmp_path, monkeypatch):
