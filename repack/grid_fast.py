@@ -6,8 +6,10 @@ errors are bit-identical (tests/unit/test_repack_grid_fast.py checks it).
 
 Layout: groups are taken 64 at a time, transposed so that value j of group k sits at
 [j * 64 + k]; every loop then runs across 64 groups at once and LLVM makes it SIMD code with no
-per-group horizontal reductions. numpy does the transposes (its strided copy is about 3x faster
-than the same loop here), and the scratch arrays are flat on purpose: numba's 2-D indexing, and
+per-group horizontal reductions. numpy transposes the input, and the levels back when they are
+asked for (its strided copy is about 3x faster than the same loop here); the packed words, four
+per group, the kernel puts back in row order itself while they are in cache (a third of numpy's
+time). The scratch arrays are flat on purpose: numba's 2-D indexing, and
 inner loops of 16 or 32, kept LLVM from vectorizing (measured 20x slower on the same loop).
 Passes that reduce over a group's values walk them eight at a time inside the loop over groups
 (four for the screen): LLVM unrolls those eight and keeps each group's running values (peak,
@@ -97,7 +99,7 @@ def _load(tquads, b, xu, mb, top):  # pragma: no cover - compiled
     for k in range(_B):
         mb[k] = 0
         top[k] = np.int32(-(2**31))
-    for h in range(_QUADS // 2):  # two words (8 values) per lane at a time: see _fits8
+    for h in range(_QUADS // 2):  # two words (8 values) per lane at a time: see the module's notes
         for k in range(_B):
             m = mb[k]
             t = top[k]

@@ -26,8 +26,7 @@ def check(src_dir: Path, quiet: bool, jobs: int | None = None) -> int:
     """Print groups, off-grid groups and worst error per quantizable tensor and in total."""
     from tqdm import tqdm
 
-    from repack import pipeline
-    from repack.pipeline import bounded_map, default_jobs, row_chunks
+    from repack.pipeline import CHUNK_BYTES, bounded_map, default_jobs, row_chunks
 
     src = Source(src_dir)
     names = [n for n in sorted(src.tensors) if LINEAR.match(n) or EMBED.match(n)]
@@ -36,9 +35,10 @@ def check(src_dir: Path, quiet: bool, jobs: int | None = None) -> int:
     for name in names:
         grid.check_group_shape(name, src.tensors[name].shape)
     jobs = jobs or default_jobs()
-    chunk = pipeline.CHUNK_BYTES
     row_bytes = {n: src.tensors[n].nbytes // max(1, src.tensors[n].shape[0]) for n in names}
-    tasks = [(n, a, b) for n in names for a, b in row_chunks(src.tensors[n].shape[0], row_bytes[n], chunk)]
+    tasks = [
+        (n, a, b) for n in names for a, b in row_chunks(src.tensors[n].shape[0], row_bytes[n], CHUNK_BYTES)
+    ]
 
     def one(task: tuple[str, int, int]) -> grid.GridResult:
         name, start, stop = task
