@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,9 +25,25 @@ class PlaybookRun:
     seconds: float
     recap: dict[str, dict[str, int]]
 
-    def total(self, key: str) -> int:
-        """Sum one recap counter (ok, changed, failed, ...) over all hosts."""
+    def total(self, key: str, hosts: Iterable[str] = ()) -> int:
+        """Sum one recap counter (ok, changed, failed, ...) over all hosts.
+
+        A run without a PLAY RECAP (a syntax error, a crash) has no counters at all: reading one
+        from it raises instead of answering 0, and so does a run whose recap lacks a host named
+        in ``hosts`` (a play that never reached it changed nothing only in appearance).
+        """
+        if not self.recap:
+            raise RecapMissing(
+                f"ansible-playbook printed no PLAY RECAP (rc {self.rc}):\n{self.output[-3000:]}"
+            )
+        missing = sorted(set(hosts) - set(self.recap))
+        if missing:
+            raise RecapMissing(f"the PLAY RECAP has no line for {', '.join(missing)}: {sorted(self.recap)}")
         return sum(counts.get(key, 0) for counts in self.recap.values())
+
+
+class RecapMissing(AssertionError):
+    """A run's recap cannot answer the question asked of it."""
 
 
 def parse_recap(output: str) -> dict[str, dict[str, int]]:

@@ -1,6 +1,8 @@
 """The recap parser the playbook tests rely on."""
 
-from tests.ansible_run import parse_recap
+import pytest
+
+from tests.ansible_run import PlaybookRun, RecapMissing, parse_recap
 
 OUTPUT = """
 PLAY [x] ****
@@ -29,3 +31,20 @@ def test_parse_recap_reads_every_host_and_counter() -> None:
 
 def test_parse_recap_without_recap_is_empty() -> None:
     assert parse_recap("ERROR! the playbook could not be found") == {}
+
+
+def _run(output: str, rc: int = 0) -> PlaybookRun:
+    return PlaybookRun(rc, output, 1.0, parse_recap(output))
+
+
+def test_a_run_without_recap_has_no_counters() -> None:
+    run = _run("ERROR! the playbook could not be found", rc=1)
+    with pytest.raises(RecapMissing, match="no PLAY RECAP"):
+        run.total("changed")
+
+
+def test_every_expected_host_must_be_in_the_recap() -> None:
+    run = _run(OUTPUT)
+    assert run.total("changed", hosts=["localhost", "rig-local"]) == 1
+    with pytest.raises(RecapMissing, match="no line for rig-b"):
+        run.total("changed", hosts=["rig-local", "rig-b"])
