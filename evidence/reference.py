@@ -1,4 +1,4 @@
-"""Record the reference rigs' measured tables (shared/FACTS.md) as schema-valid runs.
+"""Record the reference rigs' measured tables (docs/measurements.md) as schema-valid runs.
 
 These numbers were measured before this project's tools existed, on the T4 rig and on one TPU v5e
 chip; they are imported as they were written down, marked ``provenance.kind = imported``, with
@@ -14,7 +14,7 @@ from typing import Any
 from evidence import RUNS_DIR
 from evidence.report import write_run
 
-SOURCE = "shared/FACTS.md (the reference rigs' notes), imported 2026-11-29"
+SOURCE = "docs/measurements.md (the reference rigs' notes), imported 2026-11-29"
 
 T4_HW = {
     "platform": "gce",
@@ -131,7 +131,7 @@ def _cell(concurrency: int, tok_s: float, input_len: int | None) -> dict[str, An
 
 
 def t4_runs() -> list[dict[str, Any]]:
-    """The T4 table, one run per build; the emb4 row also carries FACTS.md's log lines."""
+    """The T4 table, one run per build; the emb4 row also carries its start-up log lines."""
     runs = []
     for run_id, key, desc, gib, tokens, decode, from_sweep in T4_ROWS:
         bench = None
@@ -169,7 +169,7 @@ def t4_runs() -> list[dict[str, Any]]:
                 linear_kernel="MarlinLinearKernel", linear_scheme="CompressedTensorsWNA16",
             )  # fmt: skip
             run["provenance"]["notes"] += (
-                " Start-up figures from the log lines in FACTS.md. Cold start: 980,210 KV tokens. "
+                " Start-up figures from the log lines in docs/measurements.md. Cold start: 980,210 KV tokens. "
                 "Prefill ~7.2 s to first token at 4,096 input tokens."
             )
         runs.append(run)

@@ -14,11 +14,13 @@ import pytest
 from evidence import RUNS_DIR
 from evidence.index import load_runs, render_index
 from evidence.index import main as index_main
+from evidence.logs import parse_log
 from evidence.reference import t4_runs, tpu_runs
 from evidence.report import RunInvalid, build_run, merge_bench, render_markdown, validate, write_run
 
 FIX = Path(__file__).parent / "evidence_fixtures"
-FACTS = Path("/work/shared/FACTS.md")
+# The imported runs' source, kept in the repository (a copy of the reference rigs' tables).
+FACTS = Path(__file__).resolve().parents[2] / "docs" / "measurements.md"
 META = {
     "run_id": "cpu-tiny",
     "date": "2026-11-29",
@@ -135,9 +137,8 @@ def _num(text: str) -> float:
     return float(text.replace(",", "").split()[0])
 
 
-@pytest.mark.skipif(not FACTS.is_file(), reason="shared/FACTS.md not present")
 def test_imported_t4_rows_match_facts_table() -> None:
-    # Each T4 table row in FACTS.md: | build | loading GiB | KV tokens | decode |
+    # Each T4 table row in docs/measurements.md: | build | loading GiB | KV tokens | decode |
     rows = re.findall(r"^\| [^|]+ \| ([\d.]+) GiB \| ([\d,]+) \| ([^|]+)\|$", FACTS.read_text(), re.M)
     facts = {(_num(g), int(t.replace(",", ""))): d.strip() for g, t, d in rows}
     assert len(facts) == 5
@@ -156,7 +157,6 @@ def test_imported_t4_rows_match_facts_table() -> None:
             assert got == _num(facts[key])
 
 
-@pytest.mark.skipif(not FACTS.is_file(), reason="shared/FACTS.md not present")
 def test_imported_tpu_sweep_matches_facts() -> None:
     text = FACTS.read_text()
     for run in tpu_runs():
@@ -191,3 +191,18 @@ def test_merge_bench_keeps_cells_in_order_and_the_decode() -> None:
     merged = merge_bench(parts)
     assert merged["cells"] == whole["cells"] and merged["decode"] == whole["decode"]
     assert merge_bench([]) is None
+
+
+def test_imported_emb4_startup_matches_the_logged_lines() -> None:
+    # The log block in docs/measurements.md, read by the same parser the rigs' journals go through.
+    block = re.search(r"## The emb4 build's start-up.*?```\n(.*?)```", FACTS.read_text(), re.S)
+    assert block, "docs/measurements.md lost its emb4 log block"
+    logged = parse_log(block[1])
+    emb4 = next(run for run in t4_runs() if run["model"]["key"] == "emb4")
+    for section in ("memory", "startup"):
+        for key, value in emb4[section].items():
+            if value is not None and key in logged and logged[key] is not None:
+                assert value == logged[key], (section, key)
+    assert logged["kv_cache_tokens"] == emb4["memory"]["kv_cache_tokens"] == 1_099_362
+    assert logged["model_loading_s"] == emb4["startup"]["model_loading_s"] == 88.98
+    assert logged["linear_kernel"] == emb4["startup"]["linear_kernel"]
