@@ -37,3 +37,39 @@ def figure(capsys: pytest.CaptureFixture[str]):
             print(f"\n[figure] {label}: {value}", flush=True)
 
     return _print
+
+
+# Every skip a run may show, with the reason it is allowed. Any other skip fails the run: a green
+# run must not hide a claim that was never checked (a missing file, a tool not installed).
+ALLOWED_SKIPS: dict[str, str] = {
+    "this machine has an NVIDIA GPU: the role would install a driver": (
+        "tests/unit/test_nvidia_driver.py proves the no-GPU path; on a GPU host it would install a driver"
+    ),
+}
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    """The text after 'Skipped: ' in a skipped report's longrepr tuple (path, line, message)."""
+    message = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    return message.removeprefix("Skipped: ")
+
+
+def _unexpected_skips(config: pytest.Config) -> list[str]:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter else []
+    return [f"{r.nodeid}: {_skip_reason(r)}" for r in skipped if _skip_reason(r) not in ALLOWED_SKIPS]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Fail the run on a skip that ALLOWED_SKIPS does not list."""
+    if _unexpected_skips(session.config) and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, config) -> None:
+    """Name each unexpected skip, so a red run says why."""
+    unexpected = _unexpected_skips(config)
+    if unexpected:
+        terminalreporter.write_line("unexpected skips (not in tests/conftest.py ALLOWED_SKIPS):", red=True)
+        for line in unexpected:
+            terminalreporter.write_line(f"  {line}", red=True)
