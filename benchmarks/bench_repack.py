@@ -41,7 +41,7 @@ SHARD_BYTES = 4 * 10**9
 
 
 def e2b_text_config(small: bool, layers: int | None = None) -> dict:
-    """E2B's text config (FACTS.md); --small shrinks it but keeps the layout.
+    """E2B's text config (docs/facts.md); --small shrinks it but keeps the layout.
 
     ``layers`` keeps E2B's tensor shapes but fewer decoder layers (the per-layer table is then
     [262144, layers * 256]); the KV-shared share stays about 20 of 35.

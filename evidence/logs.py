@@ -36,7 +36,7 @@ _PATTERNS: dict[str, re.Pattern[str]] = {
     "version_engine": re.compile(r"Initializing a V1 LLM engine \(v(\d+\.\d+\.\d+[^)]*)\)"),
     "non_default_args": re.compile(r"non-default args: (\{.*\})\s*$"),
     "aot_loaded": re.compile(r"Directly load AOT compilation"),
-    # A cold start compiles and saves; a warm one loads (FACTS.md: the KV pool differs between them).
+    # A cold start compiles and saves; a warm one loads (docs/facts.md: the KV pool differs between them).
     "aot_saved": re.compile(r"saved AOT compiled function"),
     # The engine's resolved config, not the CLI: vLLM turns prefix caching on unless told otherwise.
     "prefix_caching": re.compile(r"Initializing a V1 LLM engine .*\benable_prefix_caching=(True|False)\b"),

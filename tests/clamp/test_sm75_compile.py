@@ -1,6 +1,6 @@
 """The clamp, judged by the compiler: vLLM's real attention kernel compiled for a T4 (sm_75).
 
-FACTS.md: unclamped, head size 512 asks for 98304 bytes of shared memory and Turing allows
+docs/facts.md: unclamped, head size 512 asks for 98304 bytes of shared memory and Turing allows
 65536, so the first prefill dies with OutOfResources. Triton's CUDA backend (ptxas ships in the
 wheel) compiles for sm_75 on a machine with no GPU, so this checks the real kernel, not a formula.
 """

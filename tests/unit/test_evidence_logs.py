@@ -1,4 +1,4 @@
-"""The log reader on real CPU-build excerpts and on the T4 lines FACTS.md lists."""
+"""The log reader on real CPU-build excerpts and on the T4 lines docs/measurements.md lists."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def test_t4_journal_lines_with_separators_and_prefixes() -> None:
     assert facts["aot_compile_loaded"] is True
     # The CUDA build reports model loading, not the CPU build's weights-only line.
     assert facts["weights_loading_s"] is None
-    assert facts["prefix_caching"] is None  # FACTS.md gives no engine config line
+    assert facts["prefix_caching"] is None  # the T4 notes keep no engine config line
 
 
 def test_cpu_build_real_excerpt() -> None:
