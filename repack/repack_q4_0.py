@@ -16,8 +16,9 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from repack import cli, grid
-from repack.st_io import Source
-from repack.steps import EMBED, LINEAR, STEPS, Context, TensorStats, repack
+from repack.finite import NonFiniteError
+from repack.st_io import CheckpointError, Source
+from repack.steps import EMBED, LINEAR, STEPS, Context, TensorStats, check_weight, repack
 
 PROG = "repack_q4_0.py"
 
@@ -33,6 +34,7 @@ def check(src_dir: Path, quiet: bool, jobs: int | None = None) -> int:
     if not names:
         raise ValueError(f"{src_dir}: no language-model linears or embedding tables to check")
     for name in names:
+        check_weight(name, src.tensors[name].dtype, src.tensors[name].shape)
         grid.check_group_shape(name, src.tensors[name].shape)
     jobs = jobs or default_jobs()
     row_bytes = {n: src.tensors[n].nbytes // max(1, src.tensors[n].shape[0]) for n in names}
@@ -42,9 +44,12 @@ def check(src_dir: Path, quiet: bool, jobs: int | None = None) -> int:
 
     def one(task: tuple[str, int, int]) -> grid.GridResult:
         name, start, stop = task
-        return grid.recover_array(
-            src.rows(name, start, stop, reuse=True), src.tensors[name].dtype, reuse=True, levels=False
-        )
+        try:
+            return grid.recover_array(
+                src.rows(name, start, stop, reuse=True), src.tensors[name].dtype, reuse=True, levels=False
+            )
+        except NonFiniteError as exc:
+            raise CheckpointError(exc.describe(src.where(name), start)) from exc
 
     ctx = Context()
     total = sum(src.tensors[n].nbytes for n in names)
