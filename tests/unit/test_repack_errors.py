@@ -12,42 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from repack import embed_int4, grid, repack_q4_0, text_only, w8a8_from_qat
-
-SHARD = "model-00001-of-00002.safetensors"
-LM = "model.language_model."
-
-
-def write_micro_qat(out: Path) -> None:
-    """A few-tensor multimodal Gemma 4 in the QAT layout: enough for every converter, built in milliseconds."""
-    out.mkdir(parents=True)
-    gen = torch.Generator().manual_seed(0)
-    lm = {
-        f"{LM}{n}": grid.random_on_grid((64, 128), gen)
-        for n in ("embed_tokens.weight", "embed_tokens_per_layer.weight")
-    }
-    for i in range(2):
-        for p in ("self_attn.q_proj", "self_attn.o_proj", "mlp.down_proj", "mlp.up_proj"):
-            lm[f"{LM}layers.{i}.{p}.weight"] = grid.random_on_grid((64, 128), gen)
-        lm[f"{LM}layers.{i}.self_attn.q_norm.weight"] = torch.ones(32, dtype=torch.bfloat16)
-    lm[f"{LM}layers.0.self_attn.k_norm.weight"] = torch.ones(32, dtype=torch.bfloat16)
-    towers = {
-        "model.vision_tower.encoder.layers.0.mlp.up_proj.linear.weight": torch.randn(64, 48).to(
-            torch.bfloat16
-        )
-    }
-    save_file(lm, out / SHARD, metadata={"format": "pt"})
-    save_file(towers, out / "model-00002-of-00002.safetensors", metadata={"format": "pt"})
-    wm = {**dict.fromkeys(lm, SHARD), **dict.fromkeys(towers, "model-00002-of-00002.safetensors")}
-    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
-    tc = {
-        "model_type": "gemma4_text",
-        "num_hidden_layers": 2,
-        "num_kv_shared_layers": 1,
-        "tie_word_embeddings": True,
-    }
-    cfg = {"model_type": "gemma4", "text_config": tc, "vision_config": {"model_type": "gemma4_vision"}}
-    (out / "config.json").write_text(json.dumps(cfg))
+from repack import embed_int4, repack_q4_0, text_only, w8a8_from_qat
+from tests.unit.repack_micro import SHARD, write_micro_qat
 
 
 @pytest.fixture(scope="module")
