@@ -86,10 +86,10 @@ def guarded(prog: str, fn: Callable[[], int]) -> int:
     try:
         return fn()
     except Interrupted as exc:
-        print(f"{prog}: interrupted by {exc}; stopped, nothing was written", file=sys.stderr)
+        print(f"{prog}: interrupted by {exc}; stopped, no partial output left", file=sys.stderr)
         return 128 + exc.signum
     except KeyboardInterrupt:  # SIGINT before the handler was installed
-        print(f"{prog}: interrupted by SIGINT; stopped, nothing was written", file=sys.stderr)
+        print(f"{prog}: interrupted by SIGINT; stopped, no partial output left", file=sys.stderr)
         return 128 + signal.SIGINT
     except OffGridError as exc:
         print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)

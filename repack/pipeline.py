@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import json
@@ -267,11 +268,14 @@ def _write_shards(src: Source, shards: list[tuple[Path, list[Unit]]], bar: tqdm,
             writers.append(ShardWriter(path, [(o.name, o.dtype, o.shape) for u in units for o in u.outs]))
         tasks = spread([list(_tasks(src, units, CHUNK_BYTES)) for _, units in shards], _task_bytes, running)
         hold = _hold_after()
-        for n, ((i, _), nbytes) in enumerate(bounded_map(work, tasks, jobs), 1):
-            running[i] -= 1
-            bar.update(nbytes)
-            if n == hold:
-                _hold()
+        # closing: on any exception here (a signal, see repack.cli), the pool stops and waits for
+        # its running chunks before the writers close their files and atomic_dir removes them.
+        with contextlib.closing(bounded_map(work, tasks, jobs)) as results:
+            for n, ((i, _), nbytes) in enumerate(results, 1):
+                running[i] -= 1
+                bar.update(nbytes)
+                if n == hold:
+                    _hold()
     finally:
         for w in writers:
             w.close()
