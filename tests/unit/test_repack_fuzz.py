@@ -21,7 +21,7 @@ from repack.st_io import read_header
 from tests.unit.repack_micro import SHARD, TOWER_SHARD, header, put, split, write_micro_qat
 from tests.unit.test_repack_bad_inputs import run
 
-CASES = 160
+CASES = 240
 RUNS = [
     ("repack_q4_0.py", "repack", "SRC", "OUT"),
     ("repack_q4_0.py", "check", "SRC"),
@@ -72,10 +72,32 @@ def _mutate_json(rng: random.Random, doc: object) -> object:
     return doc
 
 
+def _mutate_entry(rng: random.Random, head: dict) -> dict:
+    """Break one tensor's entry: the whole of it, one field, or its numbers nudged."""
+    name = rng.choice([k for k in head if k != "__metadata__"])
+    entry = head[name]
+    field = rng.choice(["dtype", "shape", "data_offsets"])
+    op = rng.randrange(5)
+    if op == 0:
+        head[name] = rng.choice(VALUES)
+    elif op == 1:
+        entry[field] = rng.choice(VALUES)
+    elif op == 2:
+        del entry[field]
+    elif op == 3 and field != "dtype" and entry[field]:
+        i = rng.randrange(len(entry[field]))
+        entry[field][i] += rng.choice([-(2**20), -64, -8, -2, -1, 1, 2, 8, 64, 2**20])
+    else:
+        entry["dtype"] = rng.choice(["BF16", "F16", "F32", "F64", "I8", "U8", "I32", "I64", "BOOL", "I16"])
+    return head
+
+
 def _corrupt(rng: random.Random, src: Path) -> str:
     """Break ``src`` one random way; say how (for the failure message)."""
     shard = src / rng.choice([SHARD, SHARD, TOWER_SHARD])
-    kind = rng.choice(["header-bytes", "header-json", "data-bytes", "length", "size", "config", "index"])
+    kind = rng.choice(
+        ["header-bytes", "header-json", "entry", "entry", "data-bytes", "length", "size", "config", "index"]
+    )
     if kind == "header-bytes":
         raw = bytearray(shard.read_bytes())
         (n,) = struct.unpack("<Q", raw[:8])
@@ -84,6 +106,8 @@ def _corrupt(rng: random.Random, src: Path) -> str:
         shard.write_bytes(bytes(raw))
     elif kind == "header-json":
         put(shard, json.dumps(_mutate_json(rng, header(shard))))
+    elif kind == "entry":
+        put(shard, json.dumps(_mutate_entry(rng, header(shard))))
     elif kind == "data-bytes":
         head, data = split(shard)
         data = bytearray(data)
