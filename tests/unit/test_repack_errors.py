@@ -151,3 +151,26 @@ def test_step_tools_refuse_bad_input(qat, tmp_path, capsys):
     assert embed_int4.main([str(tmp_path / "e"), str(tmp_path / "e2"), "-q"]) == 2
     assert "embed_tokens_per_layer" in capsys.readouterr().err
     assert not (tmp_path / "x").exists() and not (tmp_path / "e2").exists()
+
+
+def test_if_stale_rebuilds_over_a_stamp_that_is_not_an_object(qat, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "repack.json").write_text("[]")  # once an AttributeError traceback
+    argv = ["build", str(qat), str(out), "--target", "w8a8", "--if-stale", "-q"]
+    assert repack_q4_0.main(argv) == 0
+    assert "wrote" in capsys.readouterr().out
+    assert json.loads((out / "repack.json").read_text())["steps"] == ["w8a8", "text_only"]
+    assert repack_q4_0.main(argv) == 0
+    assert "is up to date" in capsys.readouterr().out
+
+
+def test_an_unexpected_error_is_one_line_and_exit_1(capsys):
+    from repack import cli
+
+    def bug() -> int:
+        return {}["missing"]
+
+    assert cli.guarded("tool.py", bug) == cli.EXIT_INTERNAL == 1
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["tool.py: internal error: KeyError: 'missing' (a bug; please report it)"]
