@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from repack.grid import GridShapeError
-from repack.outdir import HANDLED, OutputError
+from repack.outdir import HANDLED, Interrupted, OutputError, interrupt
 from repack.pipeline import OffGridError, Summary, run
 from repack.st_io import CheckpointError
 from repack.steps import Step
@@ -55,20 +55,11 @@ def positive_int(text: str) -> int:
     return n
 
 
-class Interrupted(BaseException):
-    """A handled signal arrived. A BaseException, so that no ``except Exception`` on the way
-    swallows it; every ``finally`` and atomic_dir's cleanup run as it passes."""
-
-    def __init__(self, signum: int):
-        self.signum = signum
-        super().__init__(signal.Signals(signum).name)
-
-
-def _raise(signum: int, frame: object) -> None:
+def _on_signal(signum: int, frame: object) -> None:
     del frame
     for s in HANDLED:  # a second signal must not cut the cleanup short
         signal.signal(s, signal.SIG_IGN)
-    raise Interrupted(signum)
+    interrupt(signum)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -82,7 +73,7 @@ def guarded(prog: str, fn: Callable[[], int]) -> int:
     128 + the signal's number. Errors the tools do not expect get EXIT_INTERNAL and say so.
     """
     main = threading.current_thread() is threading.main_thread()
-    old = {s: signal.signal(s, _raise) for s in HANDLED} if main else {}
+    old = {s: signal.signal(s, _on_signal) for s in HANDLED} if main else {}
     try:
         return fn()
     except Interrupted as exc:

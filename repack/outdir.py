@@ -5,7 +5,8 @@ lock file (``.OUT.lock``, kept: removing a lock file lets two runs each hold "th
 While a run holds the lock no other run may write OUT, so whatever temporary directory the
 lock's holder finds beside OUT was left by a run that died without cleaning up (SIGKILL, a power
 cut) and is removed. SIGTERM, SIGHUP and SIGINT are handled by the CLIs (repack.cli), which turn
-them into an exception that passes through here, so the temporary directory goes with it.
+them into Interrupted, an exception that passes through here, so the temporary directory goes
+with it; during the swap of OUT itself they wait until it is done.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 # What makes the output's filesystem refuse a write: the message then names OUT, since the
 # temporary directory lies on OUT's filesystem (reads never fail this way).
 FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
-HANDLED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+HANDLED = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)  # what repack.cli turns into Interrupted
 
 
 class OutputError(Exception):
@@ -105,15 +106,38 @@ def remove_leftovers(out: Path) -> list[Path]:
     return gone
 
 
+class Interrupted(BaseException):
+    """A handled signal arrived (see repack.cli). A BaseException, so that no ``except
+    Exception`` on the way swallows it; every ``finally``, and atomic_dir's cleanup, run as it
+    passes."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+_swap = {"active": False, "pending": 0}  # main thread only: the signal handlers run there
+
+
+def interrupt(signum: int) -> None:
+    """What the CLIs' signal handler calls: raise Interrupted now, or, while OUT is being
+    swapped into place, once the swap is done (a swap cut short would leave OUT moved away
+    and the new one not in place)."""
+    if _swap["active"]:
+        _swap["pending"] = signum
+        return
+    raise Interrupted(signum)
+
+
 @contextlib.contextmanager
-def _no_signals() -> Iterator[None]:
-    """Hold SIGTERM/SIGHUP/SIGINT back while OUT is swapped, so a signal cannot stop it halfway
-    (OUT moved away, the new one not yet in place); they are delivered right after."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
+def _swapping() -> Iterator[None]:
+    _swap["active"], _swap["pending"] = True, 0
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        _swap["active"] = False
+    if _swap["pending"]:
+        raise Interrupted(_swap["pending"])
 
 
 @contextlib.contextmanager
@@ -141,7 +165,7 @@ def atomic_dir(out: Path | str, force: bool = False) -> Iterator[Path]:
             for f in tmp.rglob("*"):
                 if f.is_file() and not f.is_symlink():
                     os.chmod(f, 0o644)
-            with _no_signals():
+            with _swapping():
                 if out.exists():
                     old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=parent))
                     os.rename(out, old / "x")

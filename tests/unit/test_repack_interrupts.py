@@ -153,3 +153,31 @@ def test_a_full_disk_names_out(micro, tmp_path):
     assert r.stderr.strip().splitlines() == [
         f"{PROG}: error: cannot write {out}: No space left on device; nothing was written"
     ]
+
+
+def test_a_signal_during_the_swap_of_out_waits_until_out_is_in_place(tmp_path, monkeypatch):
+    """SIGTERM right after OUT was moved aside: the new OUT still goes in place, then the run
+    stops with 128 + 15 (cut there, neither the old nor the new OUT would be at OUT)."""
+    from repack import cli, outdir
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old").write_text("old")
+    real, sent = os.rename, []
+
+    def rename(a, b):  # the real rename, then a real signal to this process after the first
+        real(a, b)
+        if not sent:
+            sent.append(a)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def go() -> int:
+        with outdir.atomic_dir(out, force=True) as tmp:
+            (tmp / "new").write_text("new")
+            monkeypatch.setattr(outdir.os, "rename", rename)
+        return 0
+
+    assert cli.guarded("tool.py", go) == 128 + signal.SIGTERM
+    assert sent == [out]
+    assert sorted(p.name for p in out.iterdir()) == ["new"]
+    assert _temporaries(tmp_path) == []
