@@ -211,8 +211,10 @@ class Source:
 
     def __init__(self, path: Path | str):
         self.path = Path(path)
+        if not self.path.exists():
+            raise CheckpointError(f"{self.path}: no such directory")
         if not self.path.is_dir():
-            raise CheckpointError(f"{self.path}: not a directory")
+            raise CheckpointError(f"{self.path}: not a directory (a checkpoint is a directory)")
         cfg_path = self.path / "config.json"
         if not cfg_path.is_file():
             raise CheckpointError(f"{self.path}: no config.json (not a checkpoint directory?)")

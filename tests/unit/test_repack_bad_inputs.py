@@ -358,8 +358,8 @@ INPUTS: list[tuple[str, tuple[str, ...], Make]] = [
 
 # what each input gives: (exit code, message). `--print` prints this dict as the tools answer now.
 EXPECTED: dict[str, tuple[int, str]] = {
-    "SRC does not exist": (2, "repack_q4_0.py: error: TMP/nowhere: not a directory"),
-    "SRC is a file": (2, "text_only.py: error: TMP/file: not a directory"),
+    "SRC does not exist": (2, "repack_q4_0.py: error: TMP/nowhere: no such directory"),
+    "SRC is a file": (2, "text_only.py: error: TMP/file: not a directory (a checkpoint is a directory)"),
     "no config.json": (2, "w8a8_from_qat.py: error: SRC: no config.json (not a checkpoint directory?)"),
     "config.json is not JSON": (
         2,
