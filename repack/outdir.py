@@ -38,6 +38,8 @@ def _check_writable(out: Path, force: bool) -> None:
     if out.exists() and not out.is_dir():
         raise OutputError(f"{out} exists and is not a directory")
     parent = out.resolve().parent
+    if parent.exists() and not parent.is_dir():
+        raise OutputError(f"cannot write {out}: its parent {parent} is not a directory")
     if not parent.is_dir():
         raise OutputError(f"cannot write {out}: parent directory {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
