@@ -49,8 +49,12 @@ def _start(src: Path, out: Path, hold: bool = True) -> subprocess.Popen:
 
 def _held(p: subprocess.Popen) -> None:
     """Wait until the run holds mid-write (its temporary directory has a chunk in it)."""
-    line = p.stderr.readline()
-    assert "holding after a chunk" in line, line + p.stderr.read()
+    seen = []
+    for line in p.stderr:  # until the hold line (anything before it, a warning say, is kept for the failure)
+        seen.append(line)
+        if "holding after a chunk" in line:
+            return
+    raise AssertionError("the run ended without holding: " + "".join(seen))
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
