@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from repack import finite
+
 if TYPE_CHECKING:
     import torch
 
@@ -107,14 +109,17 @@ def recover_array(block: np.ndarray, dtype: str, reuse: bool = False, levels: bo
     """``recover`` for a numpy block [rows, cols] in safetensors dtype ``dtype``'s storage (bf16 as
     uint16 bits), with numpy arrays out and ``packed`` always set: what the converters call.
 
-    bf16 takes the compiled kernel; other float dtypes and non-finite values take the torch
-    reference (torch is imported only then).
+    bf16 takes the compiled kernel; other float dtypes take the torch reference (torch is
+    imported only then). A NaN or Inf raises finite.NonFiniteError: no grid holds one, and
+    calling it "off the grid" hid what was wrong (the kernel's peak pass already finds it).
     """
     rows, cols = block.shape
     if dtype == "BF16":
         r = _fast(np.ascontiguousarray(block), rows, cols, reuse, levels)
-        if r is not None:
-            return r
+        if r is None:
+            raise finite.error(block, dtype)
+        return r
+    finite.check(block, dtype)
     from repack.packing import pack_int4
     from repack.torch_bf16 import to_torch
 

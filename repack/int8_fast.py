@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numba
 import numpy as np
 
-from repack import scratch
+from repack import finite, scratch
 
 if TYPE_CHECKING:
     import torch
@@ -78,9 +78,10 @@ def _quantize(bits, cols, q, scale, errs):  # pragma: no cover - compiled
 
 def quantize_array(w: np.ndarray, dtype: str, reuse: bool = False) -> tuple[np.ndarray, np.ndarray, float]:
     """``quantize`` for a numpy [rows, cols] block in safetensors dtype ``dtype``'s storage (bf16 as
-    uint16 bits): what the converters call. Only bf16 is compiled; other dtypes and non-finite
-    rows take the torch reference (torch is imported only then). With ``reuse`` the int8 rows
-    live in this thread's scratch buffer (repack.scratch).
+    uint16 bits): what the converters call. Only bf16 is compiled; other dtypes take the torch
+    reference (torch is imported only then). A NaN or Inf raises finite.NonFiniteError (the
+    reference would write a NaN row as zeros with scale 1, an Inf row with scale inf). With
+    ``reuse`` the int8 rows live in this thread's scratch buffer (repack.scratch).
     """
     if dtype == "BF16" and w.ndim == 2 and w.size:
         rows, cols = w.shape
@@ -89,6 +90,8 @@ def quantize_array(w: np.ndarray, dtype: str, reuse: bool = False) -> tuple[np.n
         errs = np.empty(rows, np.float32)
         if _quantize(np.ascontiguousarray(w).reshape(-1), cols, q.reshape(-1), scale.reshape(-1), errs):
             return q, scale, float(errs.max())
+        raise finite.error(w, dtype)
+    finite.check(w, dtype)
     from repack.torch_bf16 import to_torch
 
     rq, rs, re_ = quantize_reference(to_torch(w, dtype))
@@ -96,7 +99,8 @@ def quantize_array(w: np.ndarray, dtype: str, reuse: bool = False) -> tuple[np.n
 
 
 def quantize(w: torch.Tensor, reuse: bool = False) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """quantize_reference, compiled for bf16 rows (other dtypes and non-finite rows use torch)."""
+    """quantize_reference, compiled for bf16 rows (other dtypes use torch; NaN or Inf in a bf16
+    block raises finite.NonFiniteError)."""
     import torch
 
     if w.dtype != torch.bfloat16 or w.dim() != 2 or not w.numel():

@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import save_file
 
 from repack import grid, tokenizer
-from repack.outdir import OutputError, atomic_dir
+from repack.outdir import atomic_dir
 
 NUM_LAYERS = 10
 KV_SHARED = 4
@@ -261,17 +261,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--force", action="store_true", help="replace OUT if it exists")
     args = ap.parse_args(argv)
-    try:
+
+    def go() -> int:
         stats = build(args.out, args.seed, args.with_shared_kv, args.force)
-    except OutputError as exc:
-        print(f"make_tiny_qat.py: error: {exc}", file=sys.stderr)
-        return 2
-    print(
-        f"wrote {args.out}: {stats['tensors']} tensors ({stats['on_grid']} on the Q4_0 grid), "
-        f"{stats['bytes'] / 1e6:.1f} MB",
-        file=sys.stderr,
-    )
-    return 0
+        print(
+            f"wrote {args.out}: {stats['tensors']} tensors ({stats['on_grid']} on the Q4_0 grid), "
+            f"{stats['bytes'] / 1e6:.1f} MB",
+            file=sys.stderr,
+        )
+        return 0
+
+    from repack import cli  # here, so that importing build() stays light
+
+    return cli.guarded("make_tiny_qat.py", go)
 
 
 if __name__ == "__main__":

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 from collections import deque
@@ -20,8 +22,9 @@ import numpy as np
 from tqdm import tqdm
 
 from repack import __version__, scratch
-from repack.outdir import atomic_dir, link_or_copy
-from repack.st_io import ShardWriter, Source
+from repack.finite import NonFiniteError
+from repack.outdir import atomic_dir, check_apart, link_or_copy
+from repack.st_io import CheckpointError, ShardWriter, Source
 from repack.steps import Context, Step
 from repack.units import Out, Unit
 
@@ -38,13 +41,18 @@ WEIGHT_FILES = ("config.json", "model.safetensors.index.json", STAMP)
 class OffGridError(Exception):
     """Some groups fit no Q4_0 grid: the input is not a QAT checkpoint (or is damaged)."""
 
-    def __init__(self, off: dict[str, int]):
+    def __init__(self, src: Path | str, off: dict[str, int]):
         self.off = off
-        lines = [f"  {name}: {n} group(s) off the grid" for name, n in sorted(off.items())]
+        worst = sorted(off.items(), key=lambda kv: (-kv[1], kv[0]))
+        named = ", ".join(f"{name} ({n})" for name, n in worst[:SHOWN])
+        more = f" and {len(worst) - SHOWN} more" if len(worst) > SHOWN else ""
         super().__init__(
-            f"{sum(off.values())} group(s) in {len(off)} tensor(s) fit no Q4_0 grid; nothing was written:\n"
-            + "\n".join(lines)
+            f"{src}: {sum(off.values())} group(s) in {len(off)} tensor(s) fit no Q4_0 grid "
+            f"(not a QAT checkpoint, or damaged); nothing was written: {named}{more}"
         )
+
+
+SHOWN = 5  # off-grid tensors named in the one-line message ('check' lists every one)
 
 
 @dataclass
@@ -236,7 +244,12 @@ def _write_shards(src: Source, shards: list[tuple[Path, list[Unit]]], bar: tqdm,
 
     def work(item: tuple[int, Task]) -> int:
         i, (u, start, stop) = item
-        w = writers[i]
+        try:
+            return convert(writers[i], u, start, stop)
+        except NonFiniteError as exc:
+            raise CheckpointError(exc.describe(src.where(u.src), max(start, 0))) from exc  # type: ignore[arg-type]
+
+    def convert(w: ShardWriter, u: Unit, start: int, stop: int) -> int:
         if start < 0:
             info = src.tensors[u.src]  # type: ignore[index]
             lo, _ = w.offsets[u.outs[0].name]
@@ -254,12 +267,37 @@ def _write_shards(src: Source, shards: list[tuple[Path, list[Unit]]], bar: tqdm,
         for path, units in shards:
             writers.append(ShardWriter(path, [(o.name, o.dtype, o.shape) for u in units for o in u.outs]))
         tasks = spread([list(_tasks(src, units, CHUNK_BYTES)) for _, units in shards], _task_bytes, running)
-        for (i, _), nbytes in bounded_map(work, tasks, jobs):
-            running[i] -= 1
-            bar.update(nbytes)
+        hold = _hold_after()
+        # closing: on any exception here (a signal, see repack.cli), the pool stops and waits for
+        # its running chunks before the writers close their files and atomic_dir removes them.
+        with contextlib.closing(bounded_map(work, tasks, jobs)) as results:
+            for n, ((i, _), nbytes) in enumerate(results, 1):
+                running[i] -= 1
+                bar.update(nbytes)
+                if n == hold:
+                    _hold()
     finally:
         for w in writers:
             w.close()
+
+
+HOLD_ENV = "REPACK_TEST_HOLD_AFTER_CHUNKS"
+
+
+def _hold_after() -> int:
+    """The test hook: chunks to write before holding (0: never). Lets the tests signal or kill a
+    run at a known point, mid-write, without racing a conversion that takes milliseconds."""
+    try:
+        return int(os.environ.get(HOLD_ENV, "0"))
+    except ValueError:
+        return 0
+
+
+def _hold() -> None:
+    """Say so on stderr, then wait for a signal (the test sends one; nothing else should set the hook)."""
+    print(f"repack: holding after a chunk ({HOLD_ENV})", file=sys.stderr, flush=True)
+    while True:
+        signal.pause()
 
 
 def _rename_copy(src: Source, shard: Path, units: list[Unit], dst: Path) -> None:
@@ -298,7 +336,9 @@ def is_current(src_dir: Path | str, out: Path | str, steps: list[Step]) -> bool:
     stamp_path = Path(out) / STAMP
     try:
         stamp = json.loads(stamp_path.read_text())
-    except (OSError, json.JSONDecodeError):
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return False
+    if not isinstance(stamp, dict):  # not a stamp these tools wrote: rebuild
         return False
     src = Source(src_dir)
     return (
@@ -325,11 +365,15 @@ def run(
     t0 = time.monotonic()
     jobs = jobs or default_jobs()
     src = Source(src_dir)
+    check_apart(out, src.path, [src.path / "config.json", *src.shards])
     ctx = Context()
     units = source_units(src)
     cfg = src.config
     for step in steps:
-        units, cfg = step(units, cfg, ctx)
+        try:
+            units, cfg = step(units, cfg, ctx)
+        except ValueError as exc:  # what a step finds wrong with its input: say which input
+            raise CheckpointError(f"{src.path}: {exc}") from exc
     summary = Summary(steps=step_names(steps))
     shards = _plan_shards(src, units)
     total_in = sum(u.src_bytes for _, us in shards for u in us)
@@ -365,7 +409,7 @@ def run(
         off = ctx.off_grid
         summary.off_grid_groups = sum(off.values())
         if off:
-            raise OffGridError(off)
+            raise OffGridError(src.path, off)
         summary.tensors_written = len(weight_map)
         if len(shards) > 1:
             index = {

@@ -16,8 +16,9 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from repack import cli, grid
-from repack.st_io import Source
-from repack.steps import EMBED, LINEAR, STEPS, Context, TensorStats, repack
+from repack.finite import NonFiniteError
+from repack.st_io import CheckpointError, Source
+from repack.steps import EMBED, LINEAR, STEPS, Context, TensorStats, check_weight, repack
 
 PROG = "repack_q4_0.py"
 
@@ -32,8 +33,12 @@ def check(src_dir: Path, quiet: bool, jobs: int | None = None) -> int:
     names = [n for n in sorted(src.tensors) if LINEAR.match(n) or EMBED.match(n)]
     if not names:
         raise ValueError(f"{src_dir}: no language-model linears or embedding tables to check")
-    for name in names:
-        grid.check_group_shape(name, src.tensors[name].shape)
+    try:
+        for name in names:
+            check_weight(name, src.tensors[name].dtype, src.tensors[name].shape)
+            grid.check_group_shape(name, src.tensors[name].shape)
+    except ValueError as exc:  # named as the converters name it: which source, which tensor
+        raise CheckpointError(f"{src.path}: {exc}") from exc
     jobs = jobs or default_jobs()
     row_bytes = {n: src.tensors[n].nbytes // max(1, src.tensors[n].shape[0]) for n in names}
     tasks = [
@@ -42,9 +47,12 @@ def check(src_dir: Path, quiet: bool, jobs: int | None = None) -> int:
 
     def one(task: tuple[str, int, int]) -> grid.GridResult:
         name, start, stop = task
-        return grid.recover_array(
-            src.rows(name, start, stop, reuse=True), src.tensors[name].dtype, reuse=True, levels=False
-        )
+        try:
+            return grid.recover_array(
+                src.rows(name, start, stop, reuse=True), src.tensors[name].dtype, reuse=True, levels=False
+            )
+        except NonFiniteError as exc:
+            raise CheckpointError(exc.describe(src.where(name), start)) from exc
 
     ctx = Context()
     total = sum(src.tensors[n].nbytes for n in names)
@@ -61,7 +69,11 @@ def check(src_dir: Path, quiet: bool, jobs: int | None = None) -> int:
     worst = max(t.max_abs_error for _, t in stats)
     print(f"{'TOTAL':<72} {total_groups:>12} {total_off:>9} {worst:>10.3g}")
     if total_off:
-        print(f"{PROG}: {total_off} group(s) fit no Q4_0 grid", file=sys.stderr)
+        bad = sum(1 for _, t in stats if t.off_grid)
+        print(
+            f"{PROG}: error: {src.path}: {total_off} group(s) in {bad} tensor(s) fit no Q4_0 grid (listed above)",
+            file=sys.stderr,
+        )
         return cli.EXIT_OFF_GRID
     return 0
 

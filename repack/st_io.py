@@ -11,6 +11,7 @@ import alone was 1-3 s of every run and 0.3-0.9 GiB of resident memory.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import struct
@@ -36,6 +37,10 @@ STORAGE = {
     "BOOL": np.dtype(np.bool_),
 }
 FLOATS = ("BF16", "F16", "F32", "F64")
+# safetensors dtypes these tools do not read: named as unsupported, not as corrupt
+KNOWN = (
+    "F4", "F6_E2M3", "F6_E3M2", "F8_E4M3", "F8_E5M2", "F8_E8M0", "U16", "U32", "U64", "C64",
+)  # fmt: skip
 MAX_HEADER = 100 * 1024 * 1024
 
 
@@ -59,8 +64,83 @@ class TensorInfo:
         return self.end - self.start
 
 
+def _show(value: object) -> str:
+    """A JSON value for a one-line message (a string in Python's quotes), cut short."""
+    text = repr(value) if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class _Duplicate(Exception):
+    """A JSON object names one key twice."""
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    """json object hook: a key given twice is refused (json.loads would keep the last silently)."""
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise _Duplicate(k)
+        out[k] = v
+    return out
+
+
+def _count(v: object) -> bool:
+    """A JSON integer >= 0 (not a bool, which Python counts as an int)."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _entry(path: Path, name: str, info: object, size: int, data: int) -> tuple[int, int]:
+    """Validate one tensor's header entry; return its (begin, end) in the data section."""
+    if not isinstance(info, dict):
+        raise CheckpointError(f"{path}: header entry of tensor {name} is not an object: {_show(info)}")
+    for key in ("dtype", "shape", "data_offsets"):
+        if key not in info:
+            raise CheckpointError(f"{path}: header entry of tensor {name} has no {key!r}")
+    dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    if not isinstance(dtype, str):
+        raise CheckpointError(f"{path}: tensor {name}: dtype must be a string, got {_show(dtype)}")
+    if dtype in KNOWN:
+        raise CheckpointError(
+            f"{path}: unsupported dtype {dtype} for tensor {name} (these tools read {', '.join(STORAGE)})"
+        )
+    if dtype not in STORAGE:
+        raise CheckpointError(
+            f"{path}: unknown dtype {_show(dtype)} for tensor {name} (not a safetensors dtype)"
+        )
+    if not isinstance(shape, list) or not all(_count(d) for d in shape):
+        raise CheckpointError(
+            f"{path}: tensor {name}: shape must be a list of non-negative integers, got {_show(shape)}"
+        )
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_count(o) for o in offsets)):
+        raise CheckpointError(
+            f"{path}: tensor {name}: invalid data_offsets {_show(offsets)} "
+            "(want [begin, end], non-negative integers)"
+        )
+    lo, hi = offsets
+    if hi < lo:
+        raise CheckpointError(
+            f"{path}: tensor {name}: invalid data_offsets {_show(offsets)} (end before begin)"
+        )
+    need = _nbytes(dtype, tuple(shape))
+    if hi - lo != need:
+        raise CheckpointError(
+            f"{path}: tensor {name}: data_offsets {_show(offsets)} hold {hi - lo} bytes "
+            f"but dtype {dtype} and shape {_show(shape)} need {need}"
+        )
+    if data + hi > size:
+        raise CheckpointError(
+            f"{path}: truncated: {name} ends at byte {data + hi} but the file has {size} bytes"
+        )
+    return lo, hi
+
+
 def read_header(path: Path) -> tuple[dict, int]:
-    """Parse and validate a safetensors header; return (header, data offset). Raises CheckpointError."""
+    """Parse and validate a safetensors header; return (header, data offset). Raises CheckpointError.
+
+    Every entry is checked for type, dtype, shape, offsets in range and of the size that dtype
+    and shape need, and no two tensors may share bytes: what is refused here is named for what
+    it is, not found later as a wrong value.
+    """
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
@@ -70,30 +150,60 @@ def read_header(path: Path) -> tuple[dict, int]:
             (n,) = struct.unpack("<Q", head)
             if n > MAX_HEADER or 8 + n > size:
                 raise CheckpointError(f"{path}: corrupt or truncated safetensors header (claims {n} bytes)")
-            header = json.loads(f.read(n))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path}: unreadable safetensors file: {exc}") from exc
+            header = json.loads(f.read(n), object_pairs_hook=_no_duplicates)
+    except _Duplicate as exc:
+        raise CheckpointError(
+            f"{path}: {str(exc)!r} appears twice in the header (a tensor or key named twice)"
+        ) from exc
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise CheckpointError(f"{path}: unreadable safetensors header: {exc}") from exc
     if not isinstance(header, dict):
-        raise CheckpointError(f"{path}: corrupt safetensors header")
+        raise CheckpointError(
+            f"{path}: corrupt safetensors header (a JSON {type(header).__name__}, not an object)"
+        )
+    meta = header.get("__metadata__", {})
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise CheckpointError(f"{path}: __metadata__ must be an object of strings, got {_show(meta)}")
     data = 8 + n
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            lo, hi = info["data_offsets"]
-            dtype = STORAGE[info["dtype"]]
-            count = 1
-            for d in info["shape"]:
-                count *= d
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CheckpointError(f"{path}: corrupt header entry for {name}") from exc
-        if hi - lo != count * dtype.itemsize:
-            raise CheckpointError(f"{path}: {name}: byte range does not match dtype and shape")
-        if data + hi > size:
-            raise CheckpointError(
-                f"{path}: truncated: {name} ends at byte {data + hi} but the file has {size} bytes"
-            )
+    spans = sorted(
+        (*_entry(path, name, info, size, data), name)
+        for name, info in header.items()
+        if name != "__metadata__"
+    )
+    for (_, end, a), (begin, _, b) in itertools.pairwise(spans):
+        if begin < end:
+            raise CheckpointError(f"{path}: tensors {a} and {b} overlap (bytes {begin}..{end} of the data)")
     return header, data
+
+
+def _plain_name(name: str) -> bool:
+    """A file name with no directory part (an index must not point outside its checkpoint)."""
+    return bool(name) and "/" not in name and "\0" not in name and name not in (".", "..")
+
+
+def _check_config(path: Path, cfg: object) -> None:
+    """config.json is a Gemma 4 config with what the steps read in the types they read."""
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{path}: not a JSON object (a Gemma 4 config is one)")
+    mt = cfg.get("model_type")
+    if mt not in ("gemma4", "gemma4_text"):
+        raise CheckpointError(
+            f"{path}: model_type {_show(mt)} is not a Gemma 4 checkpoint (expected 'gemma4' or 'gemma4_text')"
+        )
+    if mt == "gemma4" and not isinstance(cfg.get("text_config"), dict):
+        raise CheckpointError(
+            f"{path}: model_type 'gemma4' needs a text_config object, got {_show(cfg.get('text_config'))}"
+        )
+    for where in (cfg, cfg.get("text_config")):
+        qc = where.get("quantization_config") if isinstance(where, dict) else None
+        if qc is not None and not (
+            isinstance(qc, dict)
+            and isinstance(qc.get("config_groups", {}), dict)
+            and isinstance(qc.get("ignore", []), list)
+        ):
+            raise CheckpointError(
+                f"{path}: quantization_config must be an object with a config_groups object and an ignore list"
+            )
 
 
 class Source:
@@ -101,21 +211,19 @@ class Source:
 
     def __init__(self, path: Path | str):
         self.path = Path(path)
+        if not self.path.exists():
+            raise CheckpointError(f"{self.path}: no such directory")
         if not self.path.is_dir():
-            raise CheckpointError(f"{self.path}: not a directory")
+            raise CheckpointError(f"{self.path}: not a directory (a checkpoint is a directory)")
         cfg_path = self.path / "config.json"
         if not cfg_path.is_file():
             raise CheckpointError(f"{self.path}: no config.json (not a checkpoint directory?)")
         try:
             self.config = json.loads(cfg_path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             raise CheckpointError(f"{cfg_path}: not valid JSON: {exc}") from exc
-        mt = self.config.get("model_type") if isinstance(self.config, dict) else None
-        if mt not in ("gemma4", "gemma4_text"):
-            raise CheckpointError(
-                f"{cfg_path}: model_type {mt!r} is not a Gemma 4 checkpoint (expected 'gemma4' or 'gemma4_text')"
-            )
-        self.shards = self._shard_files()
+        _check_config(cfg_path, self.config)
+        self.shards, index = self._shard_files()
         self.tensors: dict[str, TensorInfo] = {}
         self.headers: dict[Path, tuple[dict, int]] = {}
         for shard in self.shards:
@@ -124,29 +232,68 @@ class Source:
             for name, info in header.items():
                 if name == "__metadata__":
                     continue
+                if name in self.tensors:
+                    raise CheckpointError(
+                        f"{self.path}: tensor {name} is in two shards, {self.tensors[name].shard.name} and "
+                        f"{shard.name}; which one is meant is not clear, so neither is used"
+                    )
                 lo, hi = info["data_offsets"]
                 self.tensors[name] = TensorInfo(
                     name, shard, info["dtype"], tuple(info["shape"]), data + lo, data + hi
                 )
+        if index is not None:
+            self._check_index(index)
         self._fds: dict[Path, int] = {}
         self._lock = threading.Lock()  # the converters read from several threads
 
-    def _shard_files(self) -> list[Path]:
+    def _shard_files(self) -> tuple[list[Path], dict[str, str] | None]:
+        """The shard files and, when there is an index, its weight map (tensor -> shard name)."""
         index = self.path / "model.safetensors.index.json"
         if index.is_file():
             try:
-                names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            except (OSError, json.JSONDecodeError, KeyError, AttributeError) as exc:
-                raise CheckpointError(f"{index}: corrupt index: {exc}") from exc
-            files = [self.path / n for n in names]
+                doc = json.loads(index.read_text())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+                raise CheckpointError(f"{index}: not valid JSON: {exc}") from exc
+            wm = doc.get("weight_map") if isinstance(doc, dict) else None
+            if not isinstance(wm, dict) or not wm:
+                raise CheckpointError(
+                    f"{index}: corrupt index: no weight_map object naming tensors and shards"
+                )
+            for name, shard in wm.items():
+                if not isinstance(shard, str) or not _plain_name(shard):
+                    raise CheckpointError(
+                        f"{index}: corrupt index: tensor {name} maps to {_show(shard)}, not a file name in {self.path}"
+                    )
+            files = [self.path / n for n in sorted(set(wm.values()))]
             missing = [str(f) for f in files if not f.is_file()]
             if missing:
                 raise CheckpointError(f"{index} names missing shards: {', '.join(missing)}")
-            return files
+            return files, wm
         files = sorted(self.path.glob("*.safetensors"))
         if not files:
             raise CheckpointError(f"{self.path}: no .safetensors files")
-        return files
+        odd = [str(f) for f in files if not f.is_file()]
+        if odd:
+            raise CheckpointError(f"{odd[0]}: not a regular file")
+        return files, None
+
+    def _check_index(self, wm: dict[str, str]) -> None:
+        """The index and the shards' headers agree tensor by tensor."""
+        index = self.path / "model.safetensors.index.json"
+        for name, shard in wm.items():
+            info = self.tensors.get(name)
+            if info is None or info.shard.name != shard:
+                raise CheckpointError(f"{index}: names tensor {name} in {shard}, which does not hold it")
+        extra = sorted(set(self.tensors) - set(wm))
+        if extra:
+            raise CheckpointError(
+                f"{index}: does not name tensor {extra[0]}, which {self.tensors[extra[0]].shard.name} holds"
+                + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else "")
+            )
+
+    def where(self, name: str) -> str:
+        """``shard path: tensor name``: how the messages name a source tensor."""
+        return f"{self.tensors[name].shard}: {name}"
 
     def rows(self, name: str, start: int, stop: int, reuse: bool = False) -> np.ndarray:
         """Rows [start, stop) of a tensor (the whole tensor for 0-d and 1-d ones), in its storage dtype.

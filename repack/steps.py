@@ -88,9 +88,26 @@ def _single(u: Unit) -> Out:
     return u.outs[0]
 
 
+def check_weight(name: str, dtype: str, shape: tuple[int, ...]) -> None:
+    """Raise ValueError unless ``name`` is a float weight with at least one value (what the
+    quantizing steps and ``check`` can read; an I32 one is named as such, not as off the grid)."""
+    if dtype not in FLOATS:
+        raise ValueError(
+            f"{name}: wrong dtype {dtype} for a weight to quantize (want one of {', '.join(FLOATS)})"
+        )
+    if 0 in shape:
+        raise ValueError(f"{name}: empty weight (shape {list(shape)})")
+
+
+def _weight(u: Unit) -> Out:
+    o = _single(u)
+    check_weight(o.name, o.dtype, o.shape)
+    return o
+
+
 def int4_unit(u: Unit, ctx: Context, extra_bases: tuple[str, ...] = ()) -> Unit:
     """A bf16 [out, in] weight -> weight_packed, weight_scale, weight_shape (also under extra_bases)."""
-    o = _single(u)
+    o = _weight(u)
     grid.check_group_shape(o.name, o.shape)
     rows, cols = o.shape
     bases = (_base(o.name), *extra_bases)
@@ -122,7 +139,7 @@ def int4_unit(u: Unit, ctx: Context, extra_bases: tuple[str, ...] = ()) -> Unit:
 
 def int8_unit(u: Unit, ctx: Context) -> Unit:
     """A bf16 [out, in] weight -> int8 weight and a per-row float32 scale (amax / 127)."""
-    o = _single(u)
+    o = _weight(u)
     if len(o.shape) != 2:
         raise grid.GridShapeError(f"{o.name}: expected a 2-D [out, in] weight, got shape {list(o.shape)}")
     rows, cols = o.shape
@@ -258,6 +275,7 @@ def embed_int4(embed_tokens: bool) -> Step:
             if "text_config" in cfg:
                 cfg["text_config"]["tie_word_embeddings"] = False
         qc = cfg.get("quantization_config") or _qconfig("pack-quantized", {}, [])
+        qc.setdefault("config_groups", {})
         if embed_tokens:
             qc["ignore"] = [i for i in qc.get("ignore", []) if i != "lm_head"]
         group = {"targets": targets, "weights": W4, "input_activations": None, "output_activations": None}

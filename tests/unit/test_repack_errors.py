@@ -12,42 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from repack import embed_int4, grid, repack_q4_0, text_only, w8a8_from_qat
-
-SHARD = "model-00001-of-00002.safetensors"
-LM = "model.language_model."
-
-
-def write_micro_qat(out: Path) -> None:
-    """A few-tensor multimodal Gemma 4 in the QAT layout: enough for every converter, built in milliseconds."""
-    out.mkdir(parents=True)
-    gen = torch.Generator().manual_seed(0)
-    lm = {
-        f"{LM}{n}": grid.random_on_grid((64, 128), gen)
-        for n in ("embed_tokens.weight", "embed_tokens_per_layer.weight")
-    }
-    for i in range(2):
-        for p in ("self_attn.q_proj", "self_attn.o_proj", "mlp.down_proj", "mlp.up_proj"):
-            lm[f"{LM}layers.{i}.{p}.weight"] = grid.random_on_grid((64, 128), gen)
-        lm[f"{LM}layers.{i}.self_attn.q_norm.weight"] = torch.ones(32, dtype=torch.bfloat16)
-    lm[f"{LM}layers.0.self_attn.k_norm.weight"] = torch.ones(32, dtype=torch.bfloat16)
-    towers = {
-        "model.vision_tower.encoder.layers.0.mlp.up_proj.linear.weight": torch.randn(64, 48).to(
-            torch.bfloat16
-        )
-    }
-    save_file(lm, out / SHARD, metadata={"format": "pt"})
-    save_file(towers, out / "model-00002-of-00002.safetensors", metadata={"format": "pt"})
-    wm = {**dict.fromkeys(lm, SHARD), **dict.fromkeys(towers, "model-00002-of-00002.safetensors")}
-    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
-    tc = {
-        "model_type": "gemma4_text",
-        "num_hidden_layers": 2,
-        "num_kv_shared_layers": 1,
-        "tie_word_embeddings": True,
-    }
-    cfg = {"model_type": "gemma4", "text_config": tc, "vision_config": {"model_type": "gemma4_vision"}}
-    (out / "config.json").write_text(json.dumps(cfg))
+from repack import embed_int4, repack_q4_0, text_only, w8a8_from_qat
+from tests.unit.repack_micro import SHARD, write_micro_qat
 
 
 @pytest.fixture(scope="module")
@@ -185,3 +151,26 @@ def test_step_tools_refuse_bad_input(qat, tmp_path, capsys):
     assert embed_int4.main([str(tmp_path / "e"), str(tmp_path / "e2"), "-q"]) == 2
     assert "embed_tokens_per_layer" in capsys.readouterr().err
     assert not (tmp_path / "x").exists() and not (tmp_path / "e2").exists()
+
+
+def test_if_stale_rebuilds_over_a_stamp_that_is_not_an_object(qat, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "repack.json").write_text("[]")  # once an AttributeError traceback
+    argv = ["build", str(qat), str(out), "--target", "w8a8", "--if-stale", "-q"]
+    assert repack_q4_0.main(argv) == 0
+    assert "wrote" in capsys.readouterr().out
+    assert json.loads((out / "repack.json").read_text())["steps"] == ["w8a8", "text_only"]
+    assert repack_q4_0.main(argv) == 0
+    assert "is up to date" in capsys.readouterr().out
+
+
+def test_an_unexpected_error_is_one_line_and_exit_1(capsys):
+    from repack import cli
+
+    def bug() -> int:
+        return {}["missing"]
+
+    assert cli.guarded("tool.py", bug) == cli.EXIT_INTERNAL == 1
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["tool.py: internal error: KeyError: 'missing' (a bug; please report it)"]
