@@ -320,8 +320,10 @@ from ansible.module_utils.gce_client import (
     IMPORT_ERROR,
     make_clients,
 )
-from ansible.module_utils.gce_diff import changes, summarize_existing, summarize_wanted
+from ansible.module_utils.gce_diff import changes, diff_views, merged, summarize_existing, summarize_wanted
 from ansible.module_utils.gce_errors import GceError
+from ansible.module_utils.gce_limits import check as check_numbers
+from ansible.module_utils.gce_limits import gpu_problem
 from ansible.module_utils.gce_operations import call_and_wait, get_or_none
 from ansible.module_utils.gce_retry import make_retry
 
@@ -380,7 +382,7 @@ ARGUMENT_SPEC: dict[str, Any] = dict(
     scopes={"type": "list", "elements": "str", "default": ["https://www.googleapis.com/auth/cloud-platform"]},
     network={"type": "str", "default": "default"},
     subnetwork={"type": "str"},
-    tags={"type": "list", "elements": "str", "default": []},
+    tags={"type": "list", "elements": "str"},
     external_ip={"type": "bool", "default": True},
     allow_stop={"type": "bool", "default": False},
     operation_timeout={"type": "int", "default": 600},
@@ -390,7 +392,7 @@ ARGUMENT_SPEC: dict[str, Any] = dict(
 
 
 class Runner:
-    """One module run: fetch, compare, act."""
+    """One module run: fetch, compare, act; remembers what it changed so a failure can say so."""
 
     def __init__(self, module: AnsibleModule) -> None:
         self.module = module
@@ -403,6 +405,7 @@ class Runner:
         self.actions: list[str] = []
         self.warnings: list[str] = []
         self.zones_tried: list[dict[str, str]] = []
+        self.changed = False
 
     # ---- reads ---------------------------------------------------------------------------------
     def _get(self, call: Any, **kwargs: Any) -> dict[str, Any] | None:
@@ -427,27 +430,60 @@ class Runner:
                 return disk
         return None
 
+    def status_now(self) -> str:
+        """The VM's status as the API reports it now (ABSENT, or UNKNOWN when it cannot be read)."""
+        try:
+            inst = self.find_instance()
+        except GceError:
+            return "UNKNOWN"
+        return inst.get("status", "UNKNOWN") if inst else "ABSENT"
+
     # ---- writes --------------------------------------------------------------------------------
-    def _op(self, call: Any, op_zone: str | None, **kwargs: Any) -> dict[str, Any]:
-        return call_and_wait(
-            self.clients, call, self.project, op_zone, self.p["operation_timeout"], self.retry, **kwargs
-        )
+    def _op(self, call: Any, op_zone: str | None, request: Any) -> dict[str, Any]:
+        """Send one changing request and wait for its operation.
+
+        Every changing request carries a requestId, so the retry policy may send it again after a
+        lost reply or a dropped connection: the API answers a repeated requestId with the first
+        operation instead of doing the work twice.
+        """
+        if isinstance(request, dict):
+            request = dict(request, project=self.project, request_id=str(uuid.uuid4()))
+        try:
+            op = call_and_wait(
+                self.clients,
+                call,
+                self.project,
+                op_zone,
+                self.p["operation_timeout"],
+                self.retry,
+                request=request,
+            )
+        except GceError as err:
+            if err.kind != "timeout":
+                raise
+            self.changed = True  # the API accepted the change; it is still under way
+            raise GceError(
+                "timeout",
+                f"{err}; instance {self.p['name']} is {self.status_now()} now (the operation may still "
+                "finish: run again later, or raise operation_timeout)",
+                err.code,
+            ) from err
+        self.changed = True
+        return op
 
     def delete(self, kind: str, resource: dict[str, Any]) -> None:
         """Delete the instance or disk ``resource`` (``kind``: instance or disk) and wait."""
         zone = _last(resource["zone"])
         call = getattr(self.clients, f"{kind}s").delete_unary
-        self._op(call, zone, zone=zone, **{kind: resource["name"]})
+        self._op(call, zone, {"zone": zone, kind: resource["name"]})
 
-    def _action(self, zone: str, verb: str, **kwargs: Any) -> None:
+    def _action(self, zone: str, verb: str, **fields: Any) -> None:
         call = getattr(self.clients.instances, f"{verb}_unary")
-        self._op(call, zone, zone=zone, instance=self.p["name"], **kwargs)
+        self._op(call, zone, dict(fields, zone=zone, instance=self.p["name"]))
         self.actions.append(f"{verb} in {zone}")
 
     def insert(self, zones: list[str], disk: dict[str, Any] | None) -> dict[str, Any]:
         """Try each zone in order; returns the created instance."""
-        import json
-
         from google.cloud import compute_v1
 
         for zone in zones:
@@ -458,29 +494,31 @@ class Runner:
                 project=self.project, zone=zone, instance_resource=resource, request_id=str(uuid.uuid4())
             )
             try:
-                self._op(self.clients.instances.insert_unary, zone, request=request)
+                self._op(self.clients.instances.insert_unary, zone, request)
             except GceError as err:
+                self.zones_tried.append({"zone": zone, "result": err.kind, "reason": _reason(err)})
                 if err.kind != "stockout":
-                    self.zones_tried.append({"zone": zone, "result": err.kind})
                     raise
-                self.zones_tried.append({"zone": zone, "result": "stockout"})
                 self.actions.append(f"stockout in {zone}")
                 self.warnings.append(f"zone {zone} has no capacity ({err.code}); trying the next zone")
                 continue
-            self.zones_tried.append({"zone": zone, "result": "created"})
+            self.zones_tried.append({"zone": zone, "result": "created", "reason": ""})
             self.actions.append(f"insert in {zone}")
             return self._get(self.clients.instances.get, zone=zone, instance=self.p["name"]) or {}
         raise GceError(
             "stockout",
             f"no capacity for {self.p['machine_type']} + {self.p['accelerator_count']} x "
-            f"{self.p['accelerator_type']} in any of {', '.join(zones)}; add zones or retry later",
+            f"{self.p['accelerator_type']} in any of {', '.join(zones)}; add zones or retry later. "
+            + "; ".join(f"{z['zone']}: {z['reason']}" for z in self.zones_tried),
+            "ZONE_RESOURCE_POOL_EXHAUSTED",
         )
 
-    def _call_kwargs(self, field: str, zone: str, inst: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        """The instances.* verb and request body that change one field."""
+    def _call_fields(self, field: str, zone: str, inst: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """The instances.* verb and request fields that change one compared field."""
         from google.cloud import compute_v1
 
         w = summarize_wanted(self.p)
+        have = summarize_existing(inst)
         if field == "machine_type":
             body = compute_v1.InstancesSetMachineTypeRequest(
                 machine_type=f"zones/{zone}/machineTypes/{w[field]}"
@@ -498,17 +536,24 @@ class Runner:
             body = compute_v1.InstancesSetMachineResourcesRequest(guest_accelerators=gpus)
             return "set_machine_resources", {"instances_set_machine_resources_request_resource": body}
         if field == "scheduling":
-            return "set_scheduling", {"scheduling_resource": compute_v1.Scheduling.from_json(_json(w[field]))}
+            return "set_scheduling", {
+                "scheduling_resource": compute_v1.Scheduling.from_json(json.dumps(w[field]))
+            }
         if field == "service_account":
-            body = compute_v1.InstancesSetServiceAccountRequest(email=w[field], scopes=self.p["scopes"])
+            body = compute_v1.InstancesSetServiceAccountRequest(
+                email=w[field]["email"], scopes=w[field]["scopes"]
+            )
             return "set_service_account", {"instances_set_service_account_request_resource": body}
         if field == "labels":
             body = compute_v1.InstancesSetLabelsRequest(
-                labels=w[field], label_fingerprint=inst.get("labelFingerprint")
+                labels=merged(field, have[field], w[field]), label_fingerprint=inst.get("labelFingerprint")
             )
             return "set_labels", {"instances_set_labels_request_resource": body}
         if field == "metadata":
-            items = [compute_v1.Items(key=k, value=v) for k, v in sorted(w[field].items())]
+            items = [
+                compute_v1.Items(key=k, value=v)
+                for k, v in sorted(merged(field, have[field], w[field]).items())
+            ]
             body = compute_v1.Metadata(
                 items=items, fingerprint=(inst.get("metadata") or {}).get("fingerprint")
             )
@@ -516,28 +561,48 @@ class Runner:
         body = compute_v1.Tags(items=w["tags"], fingerprint=(inst.get("tags") or {}).get("fingerprint"))
         return "set_tags", {"tags_resource": body}
 
+    def _stop_order(self, fields: list[str], inst: dict[str, Any]) -> list[str]:
+        """Order the stopped-VM changes so that every step leaves a shape the API accepts.
+
+        A GPU VM must TERMINATE on host maintenance, so TERMINATE is set before GPUs are added and
+        MIGRATE after they are removed; the machine type goes first unless the current GPUs do
+        not fit it (then the GPU change goes first).
+        """
+        have = summarize_existing(inst)
+        w = summarize_wanted(self.p)
+        order = [f for f in ("service_account",) if f in fields]
+        terminate = w["scheduling"].get("onHostMaintenance") == "TERMINATE"
+        if terminate and "scheduling" in fields:
+            order.append("scheduling")
+        gpu_fields = [f for f in ("accelerator_type", "accelerator_count") if f in fields][:1]
+        machine_first = (
+            gpu_problem(w["machine_type"], have["accelerator_type"], have["accelerator_count"]) is None
+        )
+        resources = (["machine_type"] if "machine_type" in fields else []) + gpu_fields
+        order += resources if machine_first else list(reversed(resources))
+        if not terminate and "scheduling" in fields:
+            order.append("scheduling")
+        return order
+
     def update(self, inst: dict[str, Any], todo: dict[str, list[str]]) -> dict[str, Any]:
         zone = _last(inst["zone"])
         for field in todo["in_place"]:
-            verb, kwargs = self._call_kwargs(field, zone, inst)
-            self._action(zone, verb, **kwargs)
+            verb, fields = self._call_fields(field, zone, inst)
+            self._action(zone, verb, **fields)
         if todo["stop"]:
             was_running = inst["status"] != STOPPED
             if was_running:
                 self._action(zone, "stop")
-            done: set[str] = set()
-            for field in todo["stop"]:
-                verb, kwargs = self._call_kwargs(field, zone, inst)
-                if verb not in done:
-                    self._action(zone, verb, **kwargs)
-                    done.add(verb)
+            for field in self._stop_order(todo["stop"], inst):
+                verb, fields = self._call_fields(field, zone, inst)
+                self._action(zone, verb, **fields)
             if was_running and self.p["state"] != "stopped":
                 self._action(zone, "start")
         return self._get(self.clients.instances.get, zone=zone, instance=self.p["name"]) or inst
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value)
+def _reason(err: GceError) -> str:
+    return f"{err.code}: {err}" if err.code and not str(err).startswith(err.code) else str(err)
 
 
 def describe(inst: dict[str, Any] | None) -> dict[str, Any]:
@@ -546,9 +611,15 @@ def describe(inst: dict[str, Any] | None) -> dict[str, Any]:
         return {"status": "ABSENT", "zone": ""}
     nic = (inst.get("networkInterfaces") or [{}])[0]
     access = nic.get("accessConfigs") or [{}]
+    gpus = inst.get("guestAccelerators") or []
     return {
         "zone": _last(inst.get("zone")),
         "status": inst.get("status", ""),
+        "machine_type": _last(inst.get("machineType")),
+        "accelerators": [
+            {"type": _last(g.get("acceleratorType")), "count": int(g.get("acceleratorCount") or 0)}
+            for g in gpus
+        ],
         "internal_ip": nic.get("networkIP", ""),
         "external_ip": access[0].get("natIP", ""),
         "disks": [
@@ -576,9 +647,8 @@ def describe_disk(disk: dict[str, Any] | None) -> dict[str, Any] | None:
     }
 
 
-def run(module: AnsibleModule) -> dict[str, Any]:
-    """Fetch, compare, act; returns the result dict."""
-    r = Runner(module)
+def run(module: AnsibleModule, r: Runner) -> dict[str, Any]:
+    """Fetch, compare, act; returns the result dict (GceError propagates, with ``r`` recording progress)."""
     p = module.params
     state = p["state"]
     inst = r.find_instance()
@@ -588,7 +658,8 @@ def run(module: AnsibleModule) -> dict[str, Any]:
 
     if state == "absent":
         disk = r.find_data_disk()
-        result["diff"] = {"before": dict(before, status=inst["status"]) if inst else {}, "after": {}}
+        old = diff_views(before, wanted)[0] if inst else {}
+        result["diff"] = {"before": dict(old, status=inst["status"]) if inst else {}, "after": {}}
         if inst:
             result["changed"] = True
             if not module.check_mode:
@@ -631,12 +702,9 @@ def run(module: AnsibleModule) -> dict[str, Any]:
     else:
         todo = changes(before, wanted)
         result["changes"] = todo
-        after = dict(before, **{k: wanted[k] for k in todo["in_place"] + todo["stop"] + todo["recreate"]})
+        old, new = diff_views(before, wanted)
         status_after = {"started": "RUNNING", "stopped": STOPPED}.get(state, inst["status"])
-        result["diff"] = {
-            "before": dict(before, status=inst["status"]),
-            "after": dict(after, status=status_after),
-        }
+        result["diff"] = {"before": dict(old, status=inst["status"]), "after": dict(new, status=status_after)}
         if todo["recreate"]:
             module.fail_json(
                 msg=f"instance {p['name']} differs in {', '.join(todo['recreate'])}, which cannot be changed "
@@ -676,6 +744,31 @@ def run(module: AnsibleModule) -> dict[str, Any]:
     return result
 
 
+def failure(module: AnsibleModule, r: Runner, err: GceError) -> dict[str, Any]:
+    """What a failed run reports: the error, what it already changed, and the VM as it is now."""
+    try:
+        inst = r.find_instance()
+        now = describe(inst)
+    except GceError:
+        now = {"status": "UNKNOWN", "zone": ""}
+    msg = str(err)
+    if r.changed and err.kind != "timeout":
+        msg += f" (already done: {', '.join(r.actions)}; instance {module.params['name']} is {now['status']} now)"
+    for warning in r.warnings:
+        module.warn(warning)
+    return dict(
+        now,
+        msg=msg,
+        changed=r.changed,
+        name=module.params["name"],
+        actions=r.actions,
+        zones_tried=r.zones_tried,
+        error_kind=err.kind,
+        error_code=err.code,
+        quota=err.quota,
+    )
+
+
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     if not HAS_GOOGLE:
@@ -684,12 +777,17 @@ def main() -> None:
         module.fail_json(msg="auth_kind=serviceaccount needs service_account_file")
     if not module.params["zones"]:
         module.fail_json(msg="zones must name at least one zone")
+    problem = check_numbers(module.params)  # before any request, credentials included
+    if problem:
+        module.fail_json(msg=problem, error_kind="invalid")
     try:
-        result = run(module)
-    except GceError as err:
-        module.fail_json(msg=str(err), error_kind=err.kind, error_code=err.code, quota=err.quota)
+        r = Runner(module)
     except ValueError as err:  # credentials: raised before any request
         module.fail_json(msg=str(err), error_kind="auth")
+    try:
+        result = run(module, r)
+    except GceError as err:
+        module.fail_json(**failure(module, r, err))
     module.exit_json(**result)
 
 

@@ -22,7 +22,11 @@ def wait(clients: Any, op: Any, project: str, zone: str | None, timeout: float, 
     deadline = time.monotonic() + timeout
     while result.get("status") != "DONE":
         if time.monotonic() > deadline:
-            raise GceError("timeout", f"operation {result.get('name')} not done after {timeout:.0f}s")
+            raise GceError(
+                "timeout",
+                f"operation {result.get('name')} ({result.get('operationType')}) was still "
+                f"{result.get('status')} after operation_timeout={timeout:g}s",
+            )
         if zone:
             op = clients.zone_operations.wait(
                 project=project, zone=zone, operation=result["name"], retry=retry

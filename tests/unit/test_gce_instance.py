@@ -112,10 +112,11 @@ def test_stockout_in_first_zone_lands_in_second(fake: FakeComputeServer) -> None
     fake.api.faults.stockout_zones = {"us-central1-a"}
     result = run_module(fake.endpoint, **BASE)
     assert result["changed"] is True and result["zone"] == "us-central1-b"
-    assert result["zones_tried"] == [
-        {"zone": "us-central1-a", "result": "stockout"},
-        {"zone": "us-central1-b", "result": "created"},
+    assert [(z["zone"], z["result"]) for z in result["zones_tried"]] == [
+        ("us-central1-a", "stockout"),
+        ("us-central1-b", "created"),
     ]
+    assert result["zones_tried"][0]["reason"].startswith("ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS: ")
     assert "us-central1-a has no capacity" in _warnings(result)
     assert ("us-central1-a", "rig1-data") not in fake.api.disks  # nothing left behind in the full zone
 
