@@ -62,8 +62,9 @@ def _minimal(name: str = "vm1", **extra: Any) -> dict[str, Any]:
     return body
 
 
-def _mutations(fake: FakeComputeServer) -> list[str]:
-    return [f"{r['method']} {r['path'].rsplit('/', 1)[-1]}" for r in fake.api.mutating_requests()]
+def _unchanged(result: dict[str, Any]) -> bool:
+    """Succeeded and changed nothing (a failed run also says changed=false)."""
+    return result["changed"] is False and not result.get("failed")
 
 
 # ---- the fake fills in what the API fills in, and refuses what it refuses ------------------------
@@ -168,17 +169,17 @@ def test_create_create_delete_delete(fake: FakeComputeServer, options: dict) -> 
     after_create = len(fake.api.mutating_requests())
 
     again = run_module(fake.endpoint, diff=True, **params)
-    assert again["changed"] is False, again
+    assert _unchanged(again), again
     assert again["changes"] == {"in_place": [], "stop": [], "recreate": []}
     assert again["diff"]["before"] == {k: v for k, v in again["diff"]["after"].items()}
     assert len(fake.api.mutating_requests()) == after_create  # reads only
 
     checked = run_module(fake.endpoint, check=True, **params)
-    assert checked["changed"] is False
+    assert _unchanged(checked)
 
     gone = run_module(fake.endpoint, state="absent", **params)
     assert gone["changed"] is True and gone["status"] == "ABSENT"
-    assert run_module(fake.endpoint, state="absent", **params)["changed"] is False
+    assert _unchanged(run_module(fake.endpoint, state="absent", **params))
     assert fake.api.instances == {}
 
 
@@ -195,7 +196,7 @@ def test_what_others_add_to_the_vm_is_not_a_difference(fake: FakeComputeServer) 
     items.append({"key": "enable-guest-attributes", "value": "TRUE"})
     before = len(fake.api.mutating_requests())
 
-    assert run_module(fake.endpoint, **params)["changed"] is False
+    assert _unchanged(run_module(fake.endpoint, **params))
     assert len(fake.api.mutating_requests()) == before
 
     # A label the caller does ask for is set, and what others added stays.
@@ -215,6 +216,23 @@ def test_what_others_add_to_the_vm_is_not_a_difference(fake: FakeComputeServer) 
         "ops:ssh-ed25519 CCCC ops",
     ]
     assert meta["enable-guest-attributes"] == "TRUE" and meta["startup-script"] == "echo hi"
+
+
+def test_a_reply_that_leaves_scheduling_defaults_out_is_not_a_difference(fake: FakeComputeServer) -> None:
+    """Another API implementation may omit fields at their documented defaults (automatic restart
+    on, STANDARD provisioning): those are what the caller asked for, not a difference."""
+    run_module(fake.endpoint, **BASE)
+    fake.api.instances[("us-central1-a", "rig1")]["scheduling"] = {"onHostMaintenance": "TERMINATE"}
+    result = run_module(fake.endpoint, **BASE)
+    assert _unchanged(result), result
+    spot = dict(BASE, name="rig2", provisioning_model="spot")
+    run_module(fake.endpoint, **spot)
+    fake.api.instances[("us-central1-a", "rig2")]["scheduling"] = {
+        "provisioningModel": "SPOT",
+        "instanceTerminationAction": "STOP",
+    }
+    result = run_module(fake.endpoint, **spot)
+    assert _unchanged(result), result
 
 
 def test_a_changed_subnetwork_the_caller_asked_for_is_still_refused(fake: FakeComputeServer) -> None:
@@ -243,7 +261,7 @@ def test_adding_then_removing_the_gpu_on_a_stopped_vm(fake: FakeComputeServer) -
         "set_machine_resources in us-central1-a",
         "set_scheduling in us-central1-a",
     ]
-    assert run_module(fake.endpoint, accelerator_count=0, **BASE)["changed"] is False
+    assert _unchanged(run_module(fake.endpoint, accelerator_count=0, **BASE))
 
 
 # ---- failures midway say what they already changed -----------------------------------------------
