@@ -18,10 +18,22 @@ description:
     next zone and says so in RV(warnings) and RV(zones_tried). A quota error fails at once, naming
     the quota and how to raise it. HTTP 429 and 5xx answers are retried with exponential backoff;
     inserts carry a requestId so a retried insert never makes a second VM.
+  - Compares only what was asked for. Fields the API fills in (the NIC's subnetwork, networkIP,
+    fingerprints, disk URLs, interfaces and device names, scheduling defaults, cpuPlatform...) are
+    never compared, an option left unset is never a difference, and labels, metadata keys and
+    C(ssh-keys) lines that others added (the console, C(gcloud compute ssh), Google's C(goog-)
+    labels) are kept.
   - Labels, metadata and tags are changed in place. Machine type, GPU, scheduling and service
     account need the VM stopped; they are reported in the diff and the module fails unless
-    O(allow_stop=true). Network, external IP and data disk changes would need a new VM; the module
-    reports them and fails.
+    O(allow_stop=true). Network, subnetwork, external IP and data disk changes would need a new
+    VM; the module reports them and fails.
+  - Disk sizes and the GPU count are checked before any request (T4 - 1, 2 or 4 per N1 VM, within
+    the vCPU and memory the count allows); a bad value fails with a one-line message naming the
+    option.
+  - Every changing request carries a requestId, so a request whose reply was lost (HTTP 503 after
+    the work was done, or a dropped connection) is sent again without doing the work twice.
+  - A run that fails midway says what it already did (RV(changed), RV(actions)) and the VM's
+    state now (RV(status), RV(machine_type)...).
   - Supports check mode (only reads are sent) and diff mode.
 version_added: "0.1.0"
 author: gemma-rig contributors
@@ -60,7 +72,11 @@ options:
     type: str
     default: nvidia-tesla-t4
   accelerator_count:
-    description: Number of GPUs; V(0) for none. A GPU VM gets C(onHostMaintenance=TERMINATE).
+    description:
+      - Number of GPUs; V(0) for none. A GPU VM gets C(onHostMaintenance=TERMINATE).
+      - For C(nvidia-tesla-t4) on N1 - 1 or 2 with at most 48 vCPUs and 312 GB, 4 with at most 96 vCPUs
+        and 624 GB; other counts, other machine families and the shared-core types are refused
+        before any request.
     type: int
     default: 1
   image:
@@ -84,7 +100,7 @@ options:
     default: {}
     suboptions:
       size_gb:
-        description: Size in GB.
+        description: Size in GB, 10 to 65536.
         type: int
         default: 32
       type:
@@ -112,7 +128,7 @@ options:
         description: Disk name; defaults to O(name) + C(-data).
         type: str
       size_gb:
-        description: Size in GB when created.
+        description: Size in GB when created, 10 to 65536.
         type: int
         default: 250
       type:
@@ -138,28 +154,35 @@ options:
     choices: [stop, delete]
     default: stop
   labels:
-    description: Labels, managed as a whole.
+    description: Labels to set. Labels on the VM that are not named here are kept.
     type: dict
     default: {}
   metadata:
-    description: Free-form instance metadata, managed as a whole together with the options below.
+    description:
+      - Free-form instance metadata to set, together with the options below. Keys on the VM that are
+        not named here are kept.
     type: dict
     default: {}
   startup_script:
     description: Startup script (metadata key C(startup-script)).
     type: str
   ssh_keys:
-    description: Lines C(user:ssh-ed25519 AAAA... comment) (metadata key C(ssh-keys)).
+    description:
+      - Lines C(user:ssh-ed25519 AAAA... comment) (metadata key C(ssh-keys)). Missing lines are
+        added; lines others added (the console's, C(gcloud compute ssh)'s) are kept.
     type: list
     elements: str
   os_login:
     description: Set metadata C(enable-oslogin) to TRUE or FALSE; unset leaves it out.
     type: bool
   service_account:
-    description: Service account email the VM runs as (V(default) for the project's default one). Unset means none.
+    description:
+      - Service account email the VM runs as (V(default) for the project's Compute Engine default
+        account, which the API stores by its email). Unset - none at creation, and whatever account
+        the VM has is left alone.
     type: str
   scopes:
-    description: OAuth scopes for O(service_account).
+    description: OAuth scopes for O(service_account); compared (as a set) only when O(service_account) is set.
     type: list
     elements: str
     default: [https://www.googleapis.com/auth/cloud-platform]
@@ -168,13 +191,14 @@ options:
     type: str
     default: default
   subnetwork:
-    description: Subnetwork name in the zone's region (custom-mode networks).
+    description:
+      - Subnetwork name in the zone's region (needed on custom-mode networks). Unset - the API picks
+        the network's subnetwork for the region, and it is not compared.
     type: str
   tags:
-    description: Network tags (firewall rules select VMs by them).
+    description: Network tags (firewall rules select VMs by them), managed as a whole; unset - not compared.
     type: list
     elements: str
-    default: []
   external_ip:
     description: Give the VM an ephemeral external IP.
     type: bool
@@ -184,11 +208,13 @@ options:
     type: bool
     default: false
   operation_timeout:
-    description: Seconds to wait for each operation.
+    description: Seconds to wait for each operation (above 0). On a timeout the error names the VM's state.
     type: int
     default: 600
   retry_deadline:
-    description: Seconds within which 429 and 5xx answers are retried.
+    description:
+      - Seconds within which 429 and 5xx answers and dropped connections are retried (above 0).
+        Throttling until the deadline fails with RV(error_kind=throttled).
     type: float
     default: 120
   retry_initial_delay:
@@ -265,9 +291,23 @@ zone:
   returned: always
   type: str
 status:
-  description: Instance status (RUNNING, TERMINATED...), C(ABSENT), or C(PLANNED) in check mode.
+  description:
+    - Instance status (RUNNING, TERMINATED, STOPPING...), C(ABSENT), or C(PLANNED) in check mode.
+    - On failure, the VM's status as read after the failure (C(UNKNOWN) if it could not be read).
   returned: always
   type: str
+machine_type:
+  description: The VM's machine type now.
+  returned: when the instance exists
+  type: str
+accelerators:
+  description: The VM's GPUs now.
+  returned: when the instance exists
+  type: list
+  elements: dict
+  contains:
+    type: {description: Accelerator type., type: str}
+    count: {description: Number of them., type: int}
 internal_ip:
   description: Primary internal IP.
   returned: when the instance exists
@@ -288,16 +328,34 @@ disks:
     device_name: {description: Device name (/dev/disk/by-id/google-NAME)., type: str}
     size_gb: {description: Size in GB., type: int}
 actions:
-  description: What the module did (or would do in check mode), in order.
+  description: What the module did (or would do in check mode), in order; on failure, what it did before failing.
   returned: always
   type: list
   elements: str
   sample: ["stockout in us-central1-a", "insert in us-central1-b"]
+changed:
+  description: Whether anything was changed; on failure, whether anything was changed before it.
+  returned: always
+  type: bool
 zones_tried:
-  description: Zones an insert was attempted in, with the outcome.
+  description: Zones an insert was attempted in, with the outcome; also returned when every zone failed.
   returned: always
   type: list
   elements: dict
+  contains:
+    zone: {description: The zone., type: str}
+    result: {description: "C(created), C(stockout), C(quota)...", type: str}
+    reason: {description: The API's error code and message (empty when created)., type: str}
+error_kind:
+  description: >-
+    On failure - C(invalid) (refused before any request), C(auth), C(stockout), C(quota),
+    C(throttled), C(timeout), C(operation) (an operation's own error) or C(api).
+  returned: on failure
+  type: str
+quota:
+  description: The exhausted quota as the API spells it (C(NVIDIA_T4_GPUS), C(PREEMPTIBLE_NVIDIA_T4_GPUS)).
+  returned: on a quota failure
+  type: str
 data_disk:
   description: The data disk as it stands after the run (name, zone, size_gb, type), or null when none exists.
   returned: always
