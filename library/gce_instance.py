@@ -366,6 +366,7 @@ changes:
   type: dict
 """
 
+import contextlib
 import json
 import uuid
 from typing import Any
@@ -382,7 +383,7 @@ from ansible.module_utils.gce_diff import changes, diff_views, merged, summarize
 from ansible.module_utils.gce_errors import GceError
 from ansible.module_utils.gce_limits import check as check_numbers
 from ansible.module_utils.gce_limits import gpu_problem
-from ansible.module_utils.gce_operations import call_and_wait, get_or_none
+from ansible.module_utils.gce_operations import OPERATION_ERROR_KINDS, get_or_none, start, wait
 from ansible.module_utils.gce_retry import make_retry
 
 
@@ -506,28 +507,28 @@ class Runner:
         """
         if isinstance(request, dict):
             request = dict(request, project=self.project, request_id=str(uuid.uuid4()))
+        op = start(call, self.project, self.retry, request=request)
         try:
-            op = call_and_wait(
-                self.clients,
-                call,
-                self.project,
-                op_zone,
-                self.p["operation_timeout"],
-                self.retry,
-                request=request,
-            )
+            result = wait(self.clients, op, self.project, op_zone, self.p["operation_timeout"], self.retry)
         except GceError as err:
-            if err.kind != "timeout":
-                raise
-            self.changed = True  # the API accepted the change; it is still under way
-            raise GceError(
-                "timeout",
-                f"{err}; instance {self.p['name']} is {self.status_now()} now (the operation may still "
-                "finish: run again later, or raise operation_timeout)",
+            if err.kind in OPERATION_ERROR_KINDS:
+                raise  # the operation itself failed: nothing was changed
+            # The API accepted the change but its outcome could not be seen (a timeout, or the
+            # waits were throttled or failed): count it as changed and say where the VM stands.
+            self.changed = True
+            # Reading the VM while throttled would only be throttled for another retry_deadline.
+            state = "of unknown status" if err.kind == "throttled" else f"{self.status_now()} now"
+            named = GceError(
+                err.kind,
+                f"{err}; the API accepted the request and instance {self.p['name']} is {state} (the "
+                "operation may still finish: run again later"
+                + (", or raise operation_timeout)" if err.kind == "timeout" else ")"),
                 err.code,
-            ) from err
+            )
+            named.names_state = True
+            raise named from err
         self.changed = True
-        return op
+        return result
 
     def delete(self, kind: str, resource: dict[str, Any]) -> None:
         """Delete the instance or disk ``resource`` (``kind``: instance or disk) and wait."""
@@ -804,13 +805,12 @@ def run(module: AnsibleModule, r: Runner) -> dict[str, Any]:
 
 def failure(module: AnsibleModule, r: Runner, err: GceError) -> dict[str, Any]:
     """What a failed run reports: the error, what it already changed, and the VM as it is now."""
-    try:
-        inst = r.find_instance()
-        now = describe(inst)
-    except GceError:
-        now = {"status": "UNKNOWN", "zone": ""}
+    now = {"status": "UNKNOWN", "zone": ""}
+    if err.kind != "throttled":  # reading again would only be throttled for another retry_deadline
+        with contextlib.suppress(GceError):
+            now = describe(r.find_instance())
     msg = str(err)
-    if r.changed and err.kind != "timeout":
+    if r.changed and not getattr(err, "names_state", False):
         msg += f" (already done: {', '.join(r.actions)}; instance {module.params['name']} is {now['status']} now)"
     for warning in r.warnings:
         module.warn(warning)

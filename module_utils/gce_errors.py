@@ -38,6 +38,7 @@ class GceError(Exception):
         self.kind = kind
         self.code = code
         self.quota = quota
+        self.names_state = False  # the message already says where the VM stands
 
 
 def quota_name(message: str, details: list[dict[str, Any]] | None = None) -> str:

@@ -112,7 +112,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.api.log.append({"method": self.command, "path": parts.path, "query": query, "body": body})
         try:
             with self.api.lock:
-                if self.api.faults.status_429:
+                if self.api.faults.status_429 and parts.path.endswith(self.api.faults.status_429_suffix):
                     self.api.faults.status_429 -= 1
                     raise ApiError(429, "Rate Limit Exceeded", "rateLimitExceeded")
             status, answer = 200, dispatch(self.api, self.command, parts.path, query, body)

@@ -84,6 +84,7 @@ class Faults:
     insert_503_after: int = 0  # the next N inserts do the insert, then answer 503 (lost reply)
     insert_drop_after: int = 0  # the next N inserts do the insert, then drop the connection
     status_429: int = 0  # the next N requests of any kind answer 429
+    status_429_suffix: str = ""  # ... only those whose path ends with this
     operation_error: dict[str, Any] | None = None  # the next insert's operation ends in this error
     ops_hang: bool = False  # operations started from now on never finish
     wait_max: float = 5.0  # operations.wait returns after this long at most (the API: ~2 minutes)

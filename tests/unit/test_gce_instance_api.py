@@ -290,15 +290,26 @@ def test_stockout_everywhere_returns_every_zone_and_its_reason(fake: FakeCompute
     assert result["actions"] == [f"stockout in {z}" for z in ZONES]
 
 
+@pytest.mark.timeout(120)  # a hang guard: one wait the module did not cut short would hold 600 s
 def test_operation_timeout_names_the_vm_state(fake: FakeComputeServer) -> None:
     run_module(fake.endpoint, **BASE)
     fake.api.faults.ops_hang = True
-    fake.api.faults.wait_max = 0.1
+    fake.api.faults.wait_max = 600  # the API holds a wait up to about 2 minutes; the module cuts it
     result = run_module(fake.endpoint, state="stopped", operation_timeout=1, **BASE)
     assert result["failed"] is True and result["error_kind"] == "timeout", result
     assert "(stop) was still RUNNING after operation_timeout=1s" in result["msg"]
     assert "instance rig1 is STOPPING now" in result["msg"]
     assert result["changed"] is True and result["status"] == "STOPPING"
+
+
+def test_throttled_waits_after_an_accepted_change_report_it_as_changed(fake: FakeComputeServer) -> None:
+    run_module(fake.endpoint, **BASE)
+    fake.api.faults.op_delay = 0.5  # so the stop is still running when the module starts waiting
+    fake.api.faults.status_429, fake.api.faults.status_429_suffix = 10**6, "/wait"
+    result = run_module(fake.endpoint, state="stopped", retry_deadline=0.5, **BASE)
+    assert result["failed"] is True and result["error_kind"] == "throttled", result
+    assert result["changed"] is True and "the API accepted the request" in result["msg"]
+    assert fake.api.requests("POST", "/stop")
 
 
 # ---- retries ------------------------------------------------------------------------------------
@@ -325,6 +336,7 @@ def test_throttling_until_the_deadline_fails_saying_so(fake: FakeComputeServer) 
     result = run_module(fake.endpoint, retry_deadline=0.5, **BASE)
     assert result["failed"] is True and result["error_kind"] == "throttled", result
     assert "throttling" in result["msg"] and "429" in result["msg"] and "retry_deadline" in result["msg"]
+    assert result["status"] == "UNKNOWN"  # not read again: that would be throttled for as long again
 
 
 # ---- numbers refused before any request ---------------------------------------------------------
