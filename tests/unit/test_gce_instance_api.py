@@ -157,7 +157,12 @@ def test_fake_answers_a_repeated_request_id_with_the_first_operation(fake: FakeC
     "options",
     [
         {},  # subnetwork, service_account, tags, labels, metadata all unset
-        {"subnetwork": "default", "service_account": "default", "tags": ["rig"], "labels": {"app": "rig"}},
+        {
+            "subnetwork": "default",
+            "service_account": "default",
+            "tags": ["rig"],
+            "labels": {"app": "rig", "v": 2},
+        },
         {"accelerator_count": 0, "provisioning_model": "spot", "ssh_keys": ["rig:ssh-ed25519 AAAA k"]},
     ],
     ids=["unset", "set", "no-gpu-spot"],
