@@ -269,6 +269,30 @@ def test_adding_then_removing_the_gpu_on_a_stopped_vm(fake: FakeComputeServer) -
     assert _unchanged(run_module(fake.endpoint, accelerator_count=0, **BASE))
 
 
+def test_bigger_shape_with_more_gpus_and_back(fake: FakeComputeServer) -> None:
+    """n1-standard-64 needs 4 T4s: the GPUs go first on the way up, the machine type on the way down,
+    so that the strict fake never sees a shape the API refuses."""
+    run_module(fake.endpoint, **BASE)
+    up = run_module(
+        fake.endpoint, machine_type="n1-standard-64", accelerator_count=4, allow_stop=True, **BASE
+    )
+    assert up["changed"] is True and not up.get("failed"), up
+    assert up["actions"][1:3] == [
+        "set_machine_resources in us-central1-a",
+        "set_machine_type in us-central1-a",
+    ]
+    down = run_module(fake.endpoint, allow_stop=True, **BASE)
+    assert down["changed"] is True and not down.get("failed"), down
+    assert down["actions"][1:3] == [
+        "set_machine_type in us-central1-a",
+        "set_machine_resources in us-central1-a",
+    ]
+    assert (down["machine_type"], down["accelerators"]) == (
+        "n1-standard-2",
+        [{"type": "nvidia-tesla-t4", "count": 1}],
+    )
+
+
 # ---- failures midway say what they already changed -----------------------------------------------
 def test_machine_type_change_whose_start_stocks_out_reports_the_partial_change(
     fake: FakeComputeServer,
