@@ -18,10 +18,22 @@ description:
     next zone and says so in RV(warnings) and RV(zones_tried). A quota error fails at once, naming
     the quota and how to raise it. HTTP 429 and 5xx answers are retried with exponential backoff;
     inserts carry a requestId so a retried insert never makes a second VM.
+  - Compares only what was asked for. Fields the API fills in (the NIC's subnetwork, networkIP,
+    fingerprints, disk URLs, interfaces and device names, scheduling defaults, cpuPlatform...) are
+    never compared, an option left unset is never a difference, and labels, metadata keys and
+    C(ssh-keys) lines that others added (the console, C(gcloud compute ssh), Google's C(goog-)
+    labels) are kept.
   - Labels, metadata and tags are changed in place. Machine type, GPU, scheduling and service
     account need the VM stopped; they are reported in the diff and the module fails unless
-    O(allow_stop=true). Network, external IP and data disk changes would need a new VM; the module
-    reports them and fails.
+    O(allow_stop=true). Network, subnetwork, external IP and data disk changes would need a new
+    VM; the module reports them and fails.
+  - Disk sizes and the GPU count are checked before any request (T4 - 1, 2 or 4 per N1 VM, within
+    the vCPU and memory the count allows); a bad value fails with a one-line message naming the
+    option.
+  - Every changing request carries a requestId, so a request whose reply was lost (HTTP 503 after
+    the work was done, or a dropped connection) is sent again without doing the work twice.
+  - A run that fails midway says what it already did (RV(changed), RV(actions)) and the VM's
+    state now (RV(status), RV(machine_type)...).
   - Supports check mode (only reads are sent) and diff mode.
 version_added: "0.1.0"
 author: gemma-rig contributors
@@ -60,7 +72,11 @@ options:
     type: str
     default: nvidia-tesla-t4
   accelerator_count:
-    description: Number of GPUs; V(0) for none. A GPU VM gets C(onHostMaintenance=TERMINATE).
+    description:
+      - Number of GPUs; V(0) for none. A GPU VM gets C(onHostMaintenance=TERMINATE).
+      - For C(nvidia-tesla-t4) on N1 - 1 or 2 with at most 48 vCPUs and 312 GB, 4 with at most 96 vCPUs
+        and 624 GB; other counts, other machine families and the shared-core types are refused
+        before any request.
     type: int
     default: 1
   image:
@@ -84,7 +100,7 @@ options:
     default: {}
     suboptions:
       size_gb:
-        description: Size in GB.
+        description: Size in GB, 10 to 65536.
         type: int
         default: 32
       type:
@@ -112,7 +128,7 @@ options:
         description: Disk name; defaults to O(name) + C(-data).
         type: str
       size_gb:
-        description: Size in GB when created.
+        description: Size in GB when created, 10 to 65536.
         type: int
         default: 250
       type:
@@ -138,28 +154,35 @@ options:
     choices: [stop, delete]
     default: stop
   labels:
-    description: Labels, managed as a whole.
+    description: Labels to set. Labels on the VM that are not named here are kept.
     type: dict
     default: {}
   metadata:
-    description: Free-form instance metadata, managed as a whole together with the options below.
+    description:
+      - Free-form instance metadata to set, together with the options below. Keys on the VM that are
+        not named here are kept.
     type: dict
     default: {}
   startup_script:
     description: Startup script (metadata key C(startup-script)).
     type: str
   ssh_keys:
-    description: Lines C(user:ssh-ed25519 AAAA... comment) (metadata key C(ssh-keys)).
+    description:
+      - Lines C(user:ssh-ed25519 AAAA... comment) (metadata key C(ssh-keys)). Missing lines are
+        added; lines others added (the console's, C(gcloud compute ssh)'s) are kept.
     type: list
     elements: str
   os_login:
     description: Set metadata C(enable-oslogin) to TRUE or FALSE; unset leaves it out.
     type: bool
   service_account:
-    description: Service account email the VM runs as (V(default) for the project's default one). Unset means none.
+    description:
+      - Service account email the VM runs as (V(default) for the project's Compute Engine default
+        account, which the API stores by its email). Unset - none at creation, and whatever account
+        the VM has is left alone.
     type: str
   scopes:
-    description: OAuth scopes for O(service_account).
+    description: OAuth scopes for O(service_account); compared (as a set) only when O(service_account) is set.
     type: list
     elements: str
     default: [https://www.googleapis.com/auth/cloud-platform]
@@ -168,13 +191,14 @@ options:
     type: str
     default: default
   subnetwork:
-    description: Subnetwork name in the zone's region (custom-mode networks).
+    description:
+      - Subnetwork name in the zone's region (needed on custom-mode networks). Unset - the API picks
+        the network's subnetwork for the region, and it is not compared.
     type: str
   tags:
-    description: Network tags (firewall rules select VMs by them).
+    description: Network tags (firewall rules select VMs by them), managed as a whole; unset - not compared.
     type: list
     elements: str
-    default: []
   external_ip:
     description: Give the VM an ephemeral external IP.
     type: bool
@@ -184,11 +208,13 @@ options:
     type: bool
     default: false
   operation_timeout:
-    description: Seconds to wait for each operation.
+    description: Seconds to wait for each operation (above 0). On a timeout the error names the VM's state.
     type: int
     default: 600
   retry_deadline:
-    description: Seconds within which 429 and 5xx answers are retried.
+    description:
+      - Seconds within which 429 and 5xx answers and dropped connections are retried (above 0).
+        Throttling until the deadline fails with RV(error_kind=throttled).
     type: float
     default: 120
   retry_initial_delay:
@@ -265,9 +291,23 @@ zone:
   returned: always
   type: str
 status:
-  description: Instance status (RUNNING, TERMINATED...), C(ABSENT), or C(PLANNED) in check mode.
+  description:
+    - Instance status (RUNNING, TERMINATED, STOPPING...), C(ABSENT), or C(PLANNED) in check mode.
+    - On failure, the VM's status as read after the failure (C(UNKNOWN) if it could not be read).
   returned: always
   type: str
+machine_type:
+  description: The VM's machine type now.
+  returned: when the instance exists
+  type: str
+accelerators:
+  description: The VM's GPUs now.
+  returned: when the instance exists
+  type: list
+  elements: dict
+  contains:
+    type: {description: Accelerator type., type: str}
+    count: {description: Number of them., type: int}
 internal_ip:
   description: Primary internal IP.
   returned: when the instance exists
@@ -288,16 +328,34 @@ disks:
     device_name: {description: Device name (/dev/disk/by-id/google-NAME)., type: str}
     size_gb: {description: Size in GB., type: int}
 actions:
-  description: What the module did (or would do in check mode), in order.
+  description: What the module did (or would do in check mode), in order; on failure, what it did before failing.
   returned: always
   type: list
   elements: str
   sample: ["stockout in us-central1-a", "insert in us-central1-b"]
+changed:
+  description: Whether anything was changed; on failure, whether anything was changed before it.
+  returned: always
+  type: bool
 zones_tried:
-  description: Zones an insert was attempted in, with the outcome.
+  description: Zones an insert was attempted in, with the outcome; also returned when every zone failed.
   returned: always
   type: list
   elements: dict
+  contains:
+    zone: {description: The zone., type: str}
+    result: {description: "C(created), C(stockout), C(quota)...", type: str}
+    reason: {description: The API's error code and message (empty when created)., type: str}
+error_kind:
+  description: >-
+    On failure - C(invalid) (refused before any request), C(auth), C(stockout), C(quota),
+    C(throttled), C(timeout), C(operation) (an operation's own error) or C(api).
+  returned: on failure
+  type: str
+quota:
+  description: The exhausted quota as the API spells it (C(NVIDIA_T4_GPUS), C(PREEMPTIBLE_NVIDIA_T4_GPUS)).
+  returned: on a quota failure
+  type: str
 data_disk:
   description: The data disk as it stands after the run (name, zone, size_gb, type), or null when none exists.
   returned: always
@@ -308,6 +366,7 @@ changes:
   type: dict
 """
 
+import contextlib
 import json
 import uuid
 from typing import Any
@@ -320,9 +379,11 @@ from ansible.module_utils.gce_client import (
     IMPORT_ERROR,
     make_clients,
 )
-from ansible.module_utils.gce_diff import changes, summarize_existing, summarize_wanted
+from ansible.module_utils.gce_diff import changes, diff_views, merged, summarize_existing, summarize_wanted
 from ansible.module_utils.gce_errors import GceError
-from ansible.module_utils.gce_operations import call_and_wait, get_or_none
+from ansible.module_utils.gce_limits import check as check_numbers
+from ansible.module_utils.gce_limits import gpu_problem
+from ansible.module_utils.gce_operations import OPERATION_ERROR_KINDS, get_or_none, start, wait
 from ansible.module_utils.gce_retry import make_retry
 
 
@@ -380,7 +441,7 @@ ARGUMENT_SPEC: dict[str, Any] = dict(
     scopes={"type": "list", "elements": "str", "default": ["https://www.googleapis.com/auth/cloud-platform"]},
     network={"type": "str", "default": "default"},
     subnetwork={"type": "str"},
-    tags={"type": "list", "elements": "str", "default": []},
+    tags={"type": "list", "elements": "str"},
     external_ip={"type": "bool", "default": True},
     allow_stop={"type": "bool", "default": False},
     operation_timeout={"type": "int", "default": 600},
@@ -390,7 +451,7 @@ ARGUMENT_SPEC: dict[str, Any] = dict(
 
 
 class Runner:
-    """One module run: fetch, compare, act."""
+    """One module run: fetch, compare, act; remembers what it changed so a failure can say so."""
 
     def __init__(self, module: AnsibleModule) -> None:
         self.module = module
@@ -403,6 +464,7 @@ class Runner:
         self.actions: list[str] = []
         self.warnings: list[str] = []
         self.zones_tried: list[dict[str, str]] = []
+        self.changed = False
 
     # ---- reads ---------------------------------------------------------------------------------
     def _get(self, call: Any, **kwargs: Any) -> dict[str, Any] | None:
@@ -427,27 +489,60 @@ class Runner:
                 return disk
         return None
 
+    def status_now(self) -> str:
+        """The VM's status as the API reports it now (ABSENT, or UNKNOWN when it cannot be read)."""
+        try:
+            inst = self.find_instance()
+        except GceError:
+            return "UNKNOWN"
+        return inst.get("status", "UNKNOWN") if inst else "ABSENT"
+
     # ---- writes --------------------------------------------------------------------------------
-    def _op(self, call: Any, op_zone: str | None, **kwargs: Any) -> dict[str, Any]:
-        return call_and_wait(
-            self.clients, call, self.project, op_zone, self.p["operation_timeout"], self.retry, **kwargs
-        )
+    def _op(self, call: Any, op_zone: str | None, request: Any) -> dict[str, Any]:
+        """Send one changing request and wait for its operation.
+
+        Every changing request carries a requestId, so the retry policy may send it again after a
+        lost reply or a dropped connection: the API answers a repeated requestId with the first
+        operation instead of doing the work twice.
+        """
+        if isinstance(request, dict):
+            request = dict(request, project=self.project, request_id=str(uuid.uuid4()))
+        op = start(call, self.project, self.retry, request=request)
+        try:
+            result = wait(self.clients, op, self.project, op_zone, self.p["operation_timeout"], self.retry)
+        except GceError as err:
+            if err.kind in OPERATION_ERROR_KINDS:
+                raise  # the operation itself failed: nothing was changed
+            # The API accepted the change but its outcome could not be seen (a timeout, or the
+            # waits were throttled or failed): count it as changed and say where the VM stands.
+            self.changed = True
+            # Reading the VM while throttled would only be throttled for another retry_deadline.
+            state = "of unknown status" if err.kind == "throttled" else f"{self.status_now()} now"
+            named = GceError(
+                err.kind,
+                f"{err}; the API accepted the request and instance {self.p['name']} is {state} (the "
+                "operation may still finish: run again later"
+                + (", or raise operation_timeout)" if err.kind == "timeout" else ")"),
+                err.code,
+            )
+            named.names_state = True
+            raise named from err
+        self.changed = True
+        return result
 
     def delete(self, kind: str, resource: dict[str, Any]) -> None:
         """Delete the instance or disk ``resource`` (``kind``: instance or disk) and wait."""
         zone = _last(resource["zone"])
         call = getattr(self.clients, f"{kind}s").delete_unary
-        self._op(call, zone, zone=zone, **{kind: resource["name"]})
+        self._op(call, zone, {"zone": zone, kind: resource["name"]})
 
-    def _action(self, zone: str, verb: str, **kwargs: Any) -> None:
+    def _action(self, zone: str, verb: str, **fields: Any) -> None:
         call = getattr(self.clients.instances, f"{verb}_unary")
-        self._op(call, zone, zone=zone, instance=self.p["name"], **kwargs)
+        self._op(call, zone, dict(fields, zone=zone, instance=self.p["name"]))
         self.actions.append(f"{verb} in {zone}")
 
     def insert(self, zones: list[str], disk: dict[str, Any] | None) -> dict[str, Any]:
         """Try each zone in order; returns the created instance."""
-        import json
-
         from google.cloud import compute_v1
 
         for zone in zones:
@@ -458,29 +553,31 @@ class Runner:
                 project=self.project, zone=zone, instance_resource=resource, request_id=str(uuid.uuid4())
             )
             try:
-                self._op(self.clients.instances.insert_unary, zone, request=request)
+                self._op(self.clients.instances.insert_unary, zone, request)
             except GceError as err:
+                self.zones_tried.append({"zone": zone, "result": err.kind, "reason": _reason(err)})
                 if err.kind != "stockout":
-                    self.zones_tried.append({"zone": zone, "result": err.kind})
                     raise
-                self.zones_tried.append({"zone": zone, "result": "stockout"})
                 self.actions.append(f"stockout in {zone}")
                 self.warnings.append(f"zone {zone} has no capacity ({err.code}); trying the next zone")
                 continue
-            self.zones_tried.append({"zone": zone, "result": "created"})
+            self.zones_tried.append({"zone": zone, "result": "created", "reason": ""})
             self.actions.append(f"insert in {zone}")
             return self._get(self.clients.instances.get, zone=zone, instance=self.p["name"]) or {}
         raise GceError(
             "stockout",
             f"no capacity for {self.p['machine_type']} + {self.p['accelerator_count']} x "
-            f"{self.p['accelerator_type']} in any of {', '.join(zones)}; add zones or retry later",
+            f"{self.p['accelerator_type']} in any of {', '.join(zones)}; add zones or retry later. "
+            + "; ".join(f"{z['zone']}: {z['reason']}" for z in self.zones_tried),
+            "ZONE_RESOURCE_POOL_EXHAUSTED",
         )
 
-    def _call_kwargs(self, field: str, zone: str, inst: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        """The instances.* verb and request body that change one field."""
+    def _call_fields(self, field: str, zone: str, inst: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """The instances.* verb and request fields that change one compared field."""
         from google.cloud import compute_v1
 
         w = summarize_wanted(self.p)
+        have = summarize_existing(inst)
         if field == "machine_type":
             body = compute_v1.InstancesSetMachineTypeRequest(
                 machine_type=f"zones/{zone}/machineTypes/{w[field]}"
@@ -498,17 +595,24 @@ class Runner:
             body = compute_v1.InstancesSetMachineResourcesRequest(guest_accelerators=gpus)
             return "set_machine_resources", {"instances_set_machine_resources_request_resource": body}
         if field == "scheduling":
-            return "set_scheduling", {"scheduling_resource": compute_v1.Scheduling.from_json(_json(w[field]))}
+            return "set_scheduling", {
+                "scheduling_resource": compute_v1.Scheduling.from_json(json.dumps(w[field]))
+            }
         if field == "service_account":
-            body = compute_v1.InstancesSetServiceAccountRequest(email=w[field], scopes=self.p["scopes"])
+            body = compute_v1.InstancesSetServiceAccountRequest(
+                email=w[field]["email"], scopes=w[field]["scopes"]
+            )
             return "set_service_account", {"instances_set_service_account_request_resource": body}
         if field == "labels":
             body = compute_v1.InstancesSetLabelsRequest(
-                labels=w[field], label_fingerprint=inst.get("labelFingerprint")
+                labels=merged(field, have[field], w[field]), label_fingerprint=inst.get("labelFingerprint")
             )
             return "set_labels", {"instances_set_labels_request_resource": body}
         if field == "metadata":
-            items = [compute_v1.Items(key=k, value=v) for k, v in sorted(w[field].items())]
+            items = [
+                compute_v1.Items(key=k, value=v)
+                for k, v in sorted(merged(field, have[field], w[field]).items())
+            ]
             body = compute_v1.Metadata(
                 items=items, fingerprint=(inst.get("metadata") or {}).get("fingerprint")
             )
@@ -516,28 +620,48 @@ class Runner:
         body = compute_v1.Tags(items=w["tags"], fingerprint=(inst.get("tags") or {}).get("fingerprint"))
         return "set_tags", {"tags_resource": body}
 
+    def _stop_order(self, fields: list[str], inst: dict[str, Any]) -> list[str]:
+        """Order the stopped-VM changes so that every step leaves a shape the API accepts.
+
+        A GPU VM must TERMINATE on host maintenance, so TERMINATE is set before GPUs are added and
+        MIGRATE after they are removed; the machine type goes first unless the current GPUs do
+        not fit it (then the GPU change goes first).
+        """
+        have = summarize_existing(inst)
+        w = summarize_wanted(self.p)
+        order = [f for f in ("service_account",) if f in fields]
+        terminate = w["scheduling"].get("onHostMaintenance") == "TERMINATE"
+        if terminate and "scheduling" in fields:
+            order.append("scheduling")
+        gpu_fields = [f for f in ("accelerator_type", "accelerator_count") if f in fields][:1]
+        machine_first = (
+            gpu_problem(w["machine_type"], have["accelerator_type"], have["accelerator_count"]) is None
+        )
+        resources = (["machine_type"] if "machine_type" in fields else []) + gpu_fields
+        order += resources if machine_first else list(reversed(resources))
+        if not terminate and "scheduling" in fields:
+            order.append("scheduling")
+        return order
+
     def update(self, inst: dict[str, Any], todo: dict[str, list[str]]) -> dict[str, Any]:
         zone = _last(inst["zone"])
         for field in todo["in_place"]:
-            verb, kwargs = self._call_kwargs(field, zone, inst)
-            self._action(zone, verb, **kwargs)
+            verb, fields = self._call_fields(field, zone, inst)
+            self._action(zone, verb, **fields)
         if todo["stop"]:
             was_running = inst["status"] != STOPPED
             if was_running:
                 self._action(zone, "stop")
-            done: set[str] = set()
-            for field in todo["stop"]:
-                verb, kwargs = self._call_kwargs(field, zone, inst)
-                if verb not in done:
-                    self._action(zone, verb, **kwargs)
-                    done.add(verb)
+            for field in self._stop_order(todo["stop"], inst):
+                verb, fields = self._call_fields(field, zone, inst)
+                self._action(zone, verb, **fields)
             if was_running and self.p["state"] != "stopped":
                 self._action(zone, "start")
         return self._get(self.clients.instances.get, zone=zone, instance=self.p["name"]) or inst
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value)
+def _reason(err: GceError) -> str:
+    return f"{err.code}: {err}" if err.code and not str(err).startswith(err.code) else str(err)
 
 
 def describe(inst: dict[str, Any] | None) -> dict[str, Any]:
@@ -546,9 +670,15 @@ def describe(inst: dict[str, Any] | None) -> dict[str, Any]:
         return {"status": "ABSENT", "zone": ""}
     nic = (inst.get("networkInterfaces") or [{}])[0]
     access = nic.get("accessConfigs") or [{}]
+    gpus = inst.get("guestAccelerators") or []
     return {
         "zone": _last(inst.get("zone")),
         "status": inst.get("status", ""),
+        "machine_type": _last(inst.get("machineType")),
+        "accelerators": [
+            {"type": _last(g.get("acceleratorType")), "count": int(g.get("acceleratorCount") or 0)}
+            for g in gpus
+        ],
         "internal_ip": nic.get("networkIP", ""),
         "external_ip": access[0].get("natIP", ""),
         "disks": [
@@ -576,9 +706,8 @@ def describe_disk(disk: dict[str, Any] | None) -> dict[str, Any] | None:
     }
 
 
-def run(module: AnsibleModule) -> dict[str, Any]:
-    """Fetch, compare, act; returns the result dict."""
-    r = Runner(module)
+def run(module: AnsibleModule, r: Runner) -> dict[str, Any]:
+    """Fetch, compare, act; returns the result dict (GceError propagates, with ``r`` recording progress)."""
     p = module.params
     state = p["state"]
     inst = r.find_instance()
@@ -588,7 +717,8 @@ def run(module: AnsibleModule) -> dict[str, Any]:
 
     if state == "absent":
         disk = r.find_data_disk()
-        result["diff"] = {"before": dict(before, status=inst["status"]) if inst else {}, "after": {}}
+        old = diff_views(before, wanted)[0] if inst else {}
+        result["diff"] = {"before": dict(old, status=inst["status"]) if inst else {}, "after": {}}
         if inst:
             result["changed"] = True
             if not module.check_mode:
@@ -631,12 +761,9 @@ def run(module: AnsibleModule) -> dict[str, Any]:
     else:
         todo = changes(before, wanted)
         result["changes"] = todo
-        after = dict(before, **{k: wanted[k] for k in todo["in_place"] + todo["stop"] + todo["recreate"]})
+        old, new = diff_views(before, wanted)
         status_after = {"started": "RUNNING", "stopped": STOPPED}.get(state, inst["status"])
-        result["diff"] = {
-            "before": dict(before, status=inst["status"]),
-            "after": dict(after, status=status_after),
-        }
+        result["diff"] = {"before": dict(old, status=inst["status"]), "after": dict(new, status=status_after)}
         if todo["recreate"]:
             module.fail_json(
                 msg=f"instance {p['name']} differs in {', '.join(todo['recreate'])}, which cannot be changed "
@@ -676,6 +803,30 @@ def run(module: AnsibleModule) -> dict[str, Any]:
     return result
 
 
+def failure(module: AnsibleModule, r: Runner, err: GceError) -> dict[str, Any]:
+    """What a failed run reports: the error, what it already changed, and the VM as it is now."""
+    now = {"status": "UNKNOWN", "zone": ""}
+    if err.kind != "throttled":  # reading again would only be throttled for another retry_deadline
+        with contextlib.suppress(GceError):
+            now = describe(r.find_instance())
+    msg = str(err)
+    if r.changed and not getattr(err, "names_state", False):
+        msg += f" (already done: {', '.join(r.actions)}; instance {module.params['name']} is {now['status']} now)"
+    for warning in r.warnings:
+        module.warn(warning)
+    return dict(
+        now,
+        msg=msg,
+        changed=r.changed,
+        name=module.params["name"],
+        actions=r.actions,
+        zones_tried=r.zones_tried,
+        error_kind=err.kind,
+        error_code=err.code,
+        quota=err.quota,
+    )
+
+
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     if not HAS_GOOGLE:
@@ -684,12 +835,17 @@ def main() -> None:
         module.fail_json(msg="auth_kind=serviceaccount needs service_account_file")
     if not module.params["zones"]:
         module.fail_json(msg="zones must name at least one zone")
+    problem = check_numbers(module.params)  # before any request, credentials included
+    if problem:
+        module.fail_json(msg=problem, error_kind="invalid")
     try:
-        result = run(module)
-    except GceError as err:
-        module.fail_json(msg=str(err), error_kind=err.kind, error_code=err.code, quota=err.quota)
+        r = Runner(module)
     except ValueError as err:  # credentials: raised before any request
         module.fail_json(msg=str(err), error_kind="auth")
+    try:
+        result = run(module, r)
+    except GceError as err:
+        module.fail_json(**failure(module, r, err))
     module.exit_json(**result)
 
 

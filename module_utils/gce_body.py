@@ -103,7 +103,7 @@ def instance_body(
         "disks": disks,
         "networkInterfaces": [nic],
         "scheduling": scheduling(params),
-        "labels": dict(params.get("labels") or {}),
+        "labels": {str(k): str(v) for k, v in (params.get("labels") or {}).items()},
         "metadata": {"items": [{"key": k, "value": v} for k, v in sorted(metadata_items(params).items())]},
         "tags": {"items": sorted(params.get("tags") or [])},
     }

@@ -20,9 +20,14 @@ STOCKOUT_CODES = frozenset(
         "resourcePoolExhausted",
     }
 )
-QUOTA_CODES = frozenset({"QUOTA_EXCEEDED", "quotaExceeded", "rateLimitExceeded_quota"})
+QUOTA_CODES = frozenset({"QUOTA_EXCEEDED", "quotaExceeded"})
+# Throttling: HTTP 429, or a 403 whose reason says a request rate limit was hit (not a resource quota).
+THROTTLE_REASONS = frozenset({"rateLimitExceeded", "userRateLimitExceeded", "RATE_LIMIT_EXCEEDED"})
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
-_QUOTA_RE = re.compile(r"Quota '([A-Z0-9_]+)' exceeded")
+_QUOTA_RE = re.compile(r"Quota '([A-Za-z0-9_]+)' exceeded")
+# Transport failures where the request may or may not have been done (the reply was lost). Every
+# changing call carries a requestId, so sending it again is safe.
+_CONNECTION_ERRORS = ("ConnectionError", "ChunkedEncodingError", "RemoteDisconnected", "ProtocolError")
 
 
 class GceError(Exception):
@@ -33,17 +38,29 @@ class GceError(Exception):
         self.kind = kind
         self.code = code
         self.quota = quota
+        self.names_state = False  # the message already says where the VM stands
 
 
 def quota_name(message: str, details: list[dict[str, Any]] | None = None) -> str:
-    """The quota metric an error names (NVIDIA_T4_GPUS...), from quotaInfo or the message."""
+    """The quota an error names, spelled as the API spells it in messages and the console's
+    quota page (``NVIDIA_T4_GPUS``, ``PREEMPTIBLE_NVIDIA_T4_GPUS``).
+
+    The message's ``Quota 'NAME' exceeded`` wins; else quotaInfo's metricName
+    (``compute.googleapis.com/nvidia_t4_gpus``); else its limitName
+    (``NVIDIA-T4-GPUS-per-project-region``) with dashes read as underscores.
+    """
+    match = _QUOTA_RE.search(message or "")
+    if match:
+        return match.group(1).upper()
     for detail in details or []:
         info = detail.get("quotaInfo") or detail.get("quota_info") or {}
+        metric = info.get("metricName") or info.get("metric_name") or ""
+        if metric:
+            return metric.rsplit("/", 1)[-1].upper()
         limit = info.get("limitName") or info.get("limit_name") or ""
         if limit:
-            return limit.split("-per-")[0].upper()
-    match = _QUOTA_RE.search(message or "")
-    return match.group(1) if match else "unknown quota"
+            return limit.split("-per-")[0].replace("-", "_").upper()
+    return "unknown quota"
 
 
 def quota_advice(quota: str, project: str) -> str:
@@ -67,6 +84,21 @@ def _exception_reasons(exc: Exception) -> list[str]:
     return reasons
 
 
+def is_connection_error(exc: BaseException) -> bool:
+    """A dropped connection or lost reply (requests/urllib3 errors, by name: no hard import)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if type(seen).__name__ in _CONNECTION_ERRORS:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def is_throttling(exc: BaseException) -> bool:
+    """HTTP 429, or a rate-limit reason on another status."""
+    return getattr(exc, "code", None) == 429 or any(r in THROTTLE_REASONS for r in _exception_reasons(exc))
+
+
 def classify_exception(exc: Exception) -> str:
     """One of stockout, quota, retryable, notfound, fatal for a request exception."""
     status = getattr(exc, "code", None)
@@ -74,17 +106,34 @@ def classify_exception(exc: Exception) -> str:
     reasons = _exception_reasons(exc)
     if any(r in STOCKOUT_CODES for r in reasons) or any(c in message for c in STOCKOUT_CODES):
         return "stockout"
+    if is_throttling(exc):
+        return "retryable"
     if any(r in QUOTA_CODES for r in reasons) or (status == 403 and _QUOTA_RE.search(message)):
         return "quota"
     if status == 404:
         return "notfound"
-    if status in RETRYABLE_STATUS:
+    if status in RETRYABLE_STATUS or (status is None and is_connection_error(exc)):
         return "retryable"
     return "fatal"
 
 
 def exception_to_error(exc: Exception, project: str) -> GceError:
-    """A GceError for a request exception that is not retried."""
+    """A GceError for a request exception that is not retried, or retried until the deadline."""
+    if type(exc).__name__ == "RetryError":  # google.api_core: the retry deadline passed
+        last = getattr(exc, "cause", None) or exc.__cause__
+        if last is not None and is_throttling(last):
+            return GceError(
+                "throttled",
+                "the Compute API kept throttling the requests (HTTP 429, rate limit exceeded) until "
+                f"retry_deadline passed ({exc}); wait a minute, make fewer calls at once, or raise "
+                f"retry_deadline. Last answer: {getattr(last, 'message', '') or last}",
+                "rateLimitExceeded",
+            )
+        if last is not None and is_connection_error(last):
+            return GceError(
+                "api", f"the Compute API could not be reached until retry_deadline passed: {last}"
+            )
+        return GceError("api", f"the Compute API kept failing until retry_deadline passed ({exc}): {last}")
     kind = classify_exception(exc)
     message = str(getattr(exc, "message", "") or exc)
     if kind == "quota":

@@ -146,3 +146,35 @@ def test_site_yml_for_gce_provisions_then_waits_for_ssh(fake: FakeComputeServer,
     body = fake.api.requests("POST", "/instances")[-1]["body"]
     assert body["name"] == "rig-test"
     assert body["guestAccelerators"][0]["acceleratorType"].endswith("/acceleratorTypes/nvidia-tesla-t4")
+
+
+def _task_output(out: str, task: str) -> str:
+    """The lines Ansible printed for one task (up to the next TASK or PLAY header)."""
+    start = out.index(f"TASK [{task}]")
+    following = [i for i in (out.find("\nTASK [", start + 1), out.find("\nPLAY ", start + 1)) if i > 0]
+    return out[start : min(following, default=len(out))]
+
+
+def test_second_site_yml_against_a_filled_in_api_changes_nothing(
+    fake: FakeComputeServer, inventory: Path
+) -> None:
+    """The fake fills in what the real API does (subnetwork, networkIP, fingerprints, scheduling
+    defaults, disk URLs...); the second run must see no difference and send no changing request.
+
+    Both runs stop at the SSH wait (the VM's address is unroutable), after provisioning.
+    """
+    first = _play("site.yml", inventory, fake)
+    out = first.stdout + first.stderr
+    assert "TASK [gce : Wait for SSH on the VM]" in out, out
+    assert "changed: [rig-test" in _task_output(out, "gce : Create or update the VM"), out
+    vm = fake.api.instances[("us-central1-b", "rig-test")]
+    assert vm["networkInterfaces"][0]["subnetwork"].endswith("/regions/us-central1/subnetworks/default")
+    after_first = list(fake.api.mutating_requests())
+
+    second = _play("site.yml", inventory, fake)
+    out = second.stdout + second.stderr
+    assert "TASK [gce : Wait for SSH on the VM]" in out, out
+    task = _task_output(out, "gce : Create or update the VM")
+    assert "ok: [rig-test" in task and "changed:" not in task and "FAILED" not in task, task
+    assert fake.api.mutating_requests() == after_first  # reads only
+    assert "did nothing" in _task_output(out, "gce : Report where the VM landed")

@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.fake_compute.state import ApiError, FakeCompute, Faults
+from tests.fake_compute.state import ApiError, DropConnection, FakeCompute, Faults
 
 _P = r"/compute/v1/projects/(?P<project>[^/]+)"
 _Z = _P + r"/zones/(?P<zone>[^/]+)"
@@ -41,8 +41,14 @@ ROUTES: list[tuple[str, re.Pattern[str], str]] = [
 ]
 
 
+MUTATING = frozenset(
+    {"insert_instance", "delete_instance", "instance_action", "delete_disk", "insert_firewall",
+     "patch_firewall", "delete_firewall"}
+)  # fmt: skip
+
+
 def dispatch(api: FakeCompute, method: str, path: str, query: dict[str, str], body: dict[str, Any]) -> Any:
-    """Route one request; returns the JSON answer or raises ApiError."""
+    """Route one request; returns the JSON answer or raises ApiError (or DropConnection)."""
     for route_method, pattern, handler in ROUTES:
         match = route_method == method and pattern.match(path)
         if not match:
@@ -51,27 +57,44 @@ def dispatch(api: FakeCompute, method: str, path: str, query: dict[str, str], bo
         if handler == "wait_operation":
             return api.wait_operation(a["name"])  # outside the lock: it polls
         with api.lock:
+            request_id = query.get("requestId") if handler in MUTATING else None
+            replay = api.replayed(request_id)
+            if replay is not None:  # the API answers a repeated requestId with the first operation
+                return replay
+            answer = _call(api, handler, a, body)
+            api.remember(request_id, answer)
             if handler == "insert_instance":
-                return api.insert_instance(a["project"], a["zone"], body, query.get("requestId"))
-            if handler in ("get_instance", "get_disk"):
-                return getattr(api, handler)(a["zone"], a["name"])
-            if handler == "list_instances":
-                return api.list_instances(a["zone"])
-            if handler in ("delete_instance", "delete_disk"):
-                return getattr(api, handler)(a["project"], a["zone"], a["name"])
-            if handler == "instance_action":
-                return api.instance_action(a["project"], a["zone"], a["name"], a["verb"], body)
-            if handler == "get_operation":
-                return api.get_operation(a["name"])
-            if handler == "get_firewall":
-                return api.get_firewall(a["name"])
-            if handler == "insert_firewall":
-                return api.put_firewall(a["project"], body)
-            if handler == "patch_firewall":
-                return api.put_firewall(a["project"], body, a["name"])
-            if handler == "delete_firewall":
-                return api.delete_firewall(a["project"], a["name"])
+                faults = api.faults
+                if faults.insert_503_after:
+                    faults.insert_503_after -= 1
+                    raise ApiError(503, "The service is currently unavailable.", "backendError")
+                if faults.insert_drop_after:
+                    faults.insert_drop_after -= 1
+                    raise DropConnection
+            return answer
     raise ApiError(404, f"The fake has no route for {method} {path}", "notFound")
+
+
+def _call(api: FakeCompute, handler: str, a: dict[str, str], body: dict[str, Any]) -> Any:
+    if handler == "insert_instance":
+        return api.insert_instance(a["project"], a["zone"], body)
+    if handler in ("get_instance", "get_disk"):
+        return getattr(api, handler)(a["zone"], a["name"])
+    if handler == "list_instances":
+        return api.list_instances(a["zone"])
+    if handler in ("delete_instance", "delete_disk"):
+        return getattr(api, handler)(a["project"], a["zone"], a["name"])
+    if handler == "instance_action":
+        return api.instance_action(a["project"], a["zone"], a["name"], a["verb"], body)
+    if handler == "get_operation":
+        return api.get_operation(a["name"])
+    if handler == "get_firewall":
+        return api.get_firewall(a["name"])
+    if handler == "insert_firewall":
+        return api.put_firewall(a["project"], body)
+    if handler == "patch_firewall":
+        return api.put_firewall(a["project"], body, a["name"])
+    return api.delete_firewall(a["project"], a["name"])
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -89,12 +112,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.api.log.append({"method": self.command, "path": parts.path, "query": query, "body": body})
         try:
             with self.api.lock:
-                if self.api.faults.status_429:
+                if self.api.faults.status_429 and parts.path.endswith(self.api.faults.status_429_suffix):
                     self.api.faults.status_429 -= 1
                     raise ApiError(429, "Rate Limit Exceeded", "rateLimitExceeded")
             status, answer = 200, dispatch(self.api, self.command, parts.path, query, body)
         except ApiError as err:
             status, answer = err.status, err.body
+        except DropConnection:
+            self.close_connection = True  # the work is done; the caller never hears of it
+            return
         data = json.dumps(answer).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json; charset=UTF-8")

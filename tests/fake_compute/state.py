@@ -1,20 +1,56 @@
 """The fake's state: instances, disks, firewalls, operations, injected faults and the request log.
 
-Only what the rig's module and playbooks use is implemented, but what is implemented behaves like
-the real API where the module depends on it: full resource URLs in responses, operations that
-finish after a delay, errors carried in the operation, requestId de-duplication, fingerprints.
+Only what the rig's modules use is implemented, but what is implemented follows the Compute Engine
+API reference (instances, disks, zoneOperations) rather than what our module happens to send:
+
+- Strict on input: unknown fields are refused as the real API refuses them (the body is parsed
+  with the released client's message types), and so are bad enum values, names, sizes, machine
+  types, GPU counts a machine type cannot take, a GPU VM that would live-migrate, a spot VM that
+  restarts itself, a non-UUID requestId.
+- Filled in on output: every VM gets what the real API adds whether or not the caller sent it:
+  the NIC's subnetwork (the region's ``default`` subnetwork on the auto-mode ``default`` network),
+  networkIP, NIC name, kind, fingerprint and stackType; the disks' source URL, deviceName
+  (``persistent-disk-N`` when none was asked), index, type, mode, interface, licenses,
+  guestOsFeatures, diskSizeGb and architecture; full scheduling defaults (automaticRestart,
+  onHostMaintenance, preemptible, provisioningModel); cpuPlatform, status, selfLink, kind, id,
+  creationTimestamp, lastStartTimestamp, fingerprints for the instance, labels, metadata, tags and
+  NICs, shielded-VM defaults, and the project's default service account email for ``default``.
+- Operations go PENDING -> RUNNING -> DONE after a delay, carry clientOperationId, insertTime,
+  startTime, endTime, user and progress, and carry errors the way the API does. The VM passes
+  through PROVISIONING/STAGING, STOPPING and TERMINATED while they run.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
+import hashlib
 import itertools
+import json
+import re
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
+from tests.fake_compute import catalog
+
 BASE = "https://www.googleapis.com/compute/v1/"
+PROJECT_NUMBER = "123456789012"
+DEFAULT_SA = f"{PROJECT_NUMBER}-compute@developer.gserviceaccount.com"
+_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")  # RFC1035, 1-63 characters
+_METADATA_KEY = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
+_LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+_LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
+ON_HOST_MAINTENANCE = {"MIGRATE", "TERMINATE"}
+PROVISIONING_MODELS = {"STANDARD", "SPOT", "FLEX_START", "RESERVATION_BOUND"}
+TERMINATION_ACTIONS = {"STOP", "DELETE"}
+NETWORK_TIERS = {"PREMIUM", "STANDARD"}
+DISK_MODES = {"READ_WRITE", "READ_ONLY"}
+DISK_INTERFACES = {"SCSI", "NVME"}
+STOPPED = "TERMINATED"
 
 
 class ApiError(Exception):
@@ -32,18 +68,26 @@ class ApiError(Exception):
         }
 
 
+class DropConnection(Exception):
+    """The server did the work, then the connection dropped before any reply was written."""
+
+
 @dataclass
 class Faults:
     """Faults to inject. Counters count down as they fire."""
 
     op_delay: float = 0.0  # seconds before an operation is DONE
-    stockout_zones: set[str] = field(default_factory=set)  # inserts there end in a stockout
+    stockout_zones: set[str] = field(default_factory=set)  # inserts and starts there end in a stockout
     quota_sync: str | None = None  # insert answers 403 quotaExceeded naming this metric
     quota_operation: str | None = None  # insert's operation ends in QUOTA_EXCEEDED for this metric
     insert_503: int = 0  # the next N inserts answer 503 before doing anything
     insert_503_after: int = 0  # the next N inserts do the insert, then answer 503 (lost reply)
+    insert_drop_after: int = 0  # the next N inserts do the insert, then drop the connection
     status_429: int = 0  # the next N requests of any kind answer 429
+    status_429_suffix: str = ""  # ... only those whose path ends with this
     operation_error: dict[str, Any] | None = None  # the next insert's operation ends in this error
+    ops_hang: bool = False  # operations started from now on never finish
+    wait_max: float = 5.0  # operations.wait returns after this long at most (the API: ~2 minutes)
 
 
 def _url(path: str) -> str:
@@ -52,6 +96,38 @@ def _url(path: str) -> str:
 
 def _last(value: str) -> str:
     return value.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _now() -> str:
+    """RFC3339 with the offset the API uses (its timestamps are Pacific time)."""
+    return datetime.now(UTC).astimezone().isoformat(timespec="milliseconds")
+
+
+def fingerprint(value: Any) -> str:
+    """An opaque 8-byte fingerprint of a value, base64 like the API's (e.g. ``42WmSpB8rSM=``)."""
+    digest = hashlib.sha256(json.dumps(value, sort_keys=True).encode()).digest()
+    return base64.b64encode(digest[:8]).decode()
+
+
+def _invalid(field_path: str, value: Any, why: str) -> ApiError:
+    return ApiError(400, f"Invalid value for field '{field_path}': '{value}'. {why}")
+
+
+def _parse(message_name: str, body: dict[str, Any], where: str) -> None:
+    """Refuse unknown fields the way the API does, using the released client's message types."""
+    from google.cloud import compute_v1
+
+    try:
+        getattr(compute_v1, message_name).from_json(json.dumps(body), ignore_unknown_fields=False)
+    except Exception as exc:  # json_format.ParseError: name the unknown field as the API would
+        match = re.search(r'no field named "([^"]+)"', str(exc))
+        if match:
+            raise ApiError(
+                400,
+                f"Invalid JSON payload received. Unknown name \"{match.group(1)}\" at '{where}': "
+                "Cannot find field.",
+            ) from exc
+        raise ApiError(400, f"Invalid JSON payload received. {str(exc).splitlines()[0]}") from exc
 
 
 class FakeCompute:
@@ -64,9 +140,13 @@ class FakeCompute:
         self.disks: dict[tuple[str, str], dict[str, Any]] = {}
         self.firewalls: dict[str, dict[str, Any]] = {}
         self.operations: dict[str, dict[str, Any]] = {}
+        # network name -> None for auto mode (a subnetwork named like the network in every region),
+        # or the set of "region/subnetwork" names of a custom-mode network.
+        self.networks: dict[str, set[str] | None] = {"default": None}
         self._pending: dict[str, tuple[float, Any]] = {}
         self._request_ids: dict[str, str] = {}
         self._ids = itertools.count(1000)
+        self._ips = itertools.count(2)
         self.log: list[dict[str, Any]] = []
 
     # ---- request log helpers for tests -------------------------------------------------------
@@ -78,10 +158,32 @@ class FakeCompute:
         """Logged requests with this method whose path ends with suffix."""
         return [r for r in self.log if r["method"] == method and r["path"].endswith(suffix)]
 
+    # ---- requestId ---------------------------------------------------------------------------
+    def replayed(self, request_id: str | None) -> dict[str, Any] | None:
+        """The operation a repeated requestId already started (the API answers it again), else None."""
+        if request_id is None:
+            return None
+        try:
+            valid = uuid.UUID(request_id).int != 0
+        except ValueError:
+            valid = False
+        if not valid:
+            raise _invalid("requestId", request_id, "The request ID must be a valid non-zero UUID.")
+        if request_id in self._request_ids:
+            return self.get_operation(self._request_ids[request_id])
+        return None
+
+    def remember(self, request_id: str | None, op: dict[str, Any]) -> None:
+        if request_id and op.get("kind") == "compute#operation":
+            self._request_ids[request_id] = op["name"]
+            self.operations[op["name"]]["clientOperationId"] = request_id
+            op["clientOperationId"] = request_id
+
     # ---- operations --------------------------------------------------------------------------
     def _operation(self, project: str, zone: str | None, kind: str, target: str, apply: Any) -> dict:
-        name = f"operation-{next(self._ids)}"
+        name = f"operation-{int(time.time() * 1000)}-{next(self._ids)}"
         scope = f"projects/{project}/zones/{zone}" if zone else f"projects/{project}/global"
+        now = _now()
         op = {
             "kind": "compute#operation",
             "id": str(next(self._ids)),
@@ -90,12 +192,17 @@ class FakeCompute:
             "status": "RUNNING",
             "progress": 0,
             "targetLink": _url(target),
+            "targetId": str(next(self._ids)),
+            "user": "fake-caller@example.com",
+            "insertTime": now,
+            "startTime": now,
             "selfLink": _url(f"{scope}/operations/{name}"),
         }
         if zone:
             op["zone"] = _url(f"projects/{project}/zones/{zone}")
         self.operations[name] = op
-        self._pending[name] = (time.monotonic() + self.faults.op_delay, apply)
+        due = float("inf") if self.faults.ops_hang else time.monotonic() + self.faults.op_delay
+        self._pending[name] = (due, apply)
         self.tick()
         return copy.deepcopy(op)
 
@@ -111,9 +218,12 @@ class FakeCompute:
             if error:
                 op["error"] = {"errors": [error]}
                 op["httpErrorStatusCode"] = error.pop("_http", 400)
-                op["httpErrorMessage"] = "SERVICE UNAVAILABLE" if op["httpErrorStatusCode"] == 503 else "ERR"
+                op["httpErrorMessage"] = {503: "SERVICE UNAVAILABLE", 403: "FORBIDDEN"}.get(
+                    op["httpErrorStatusCode"], "BAD REQUEST"
+                )
             op["status"] = "DONE"
             op["progress"] = 100
+            op["endTime"] = _now()
 
     def get_operation(self, name: str) -> dict[str, Any]:
         self.tick()
@@ -121,9 +231,9 @@ class FakeCompute:
             raise ApiError(404, f"The resource 'operations/{name}' was not found", "notFound")
         return copy.deepcopy(self.operations[name])
 
-    def wait_operation(self, name: str, timeout: float = 5.0) -> dict[str, Any]:
+    def wait_operation(self, name: str) -> dict[str, Any]:
         """Like the API's wait: return when DONE or after a while, whichever comes first."""
-        end = time.monotonic() + timeout
+        end = time.monotonic() + self.faults.wait_max
         while True:
             with self.lock:
                 op = self.get_operation(name)
@@ -144,10 +254,8 @@ class FakeCompute:
         items = [copy.deepcopy(v) for (z, _), v in sorted(self.instances.items()) if z == zone]
         return {"kind": "compute#instanceList", "items": items}
 
-    def insert_instance(self, project: str, zone: str, body: dict[str, Any], request_id: str | None) -> dict:
+    def insert_instance(self, project: str, zone: str, body: dict[str, Any]) -> dict:
         faults = self.faults
-        if request_id and request_id in self._request_ids:
-            return self.get_operation(self._request_ids[request_id])
         if faults.insert_503:
             faults.insert_503 -= 1
             raise ApiError(503, "The service is currently unavailable.", "backendError")
@@ -158,166 +266,493 @@ class FakeCompute:
             )
         self._validate_instance(project, zone, body)
         name = body["name"]
-        target = f"projects/{project}/zones/{zone}/instances/{name}"
+        created_disks = self._create_instance(project, zone, body)
+        key = (zone, name)
+
+        def rollback() -> None:
+            inst = self.instances.pop(key, None)
+            for dname in created_disks:
+                self.disks.pop((zone, dname), None)
+            for disk in (inst or {}).get("disks") or []:
+                entry = self.disks.get((zone, _last(disk["source"])))
+                if entry:
+                    entry["users"] = [u for u in entry["users"] if u != inst["selfLink"]]
 
         def apply() -> dict[str, Any] | None:
-            if zone in faults.stockout_zones:
-                return {
-                    "code": "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
-                    "message": f"The zone 'projects/{project}/zones/{zone}' does not have enough "
-                    "resources available to fulfill the request.  '(resource type:compute)'.",
-                    "_http": 503,
-                }
-            if faults.quota_operation:
-                metric = faults.quota_operation
-                return {
-                    "code": "QUOTA_EXCEEDED",
-                    "message": f"Quota '{metric}' exceeded.  Limit: 0.0 in region {zone[:-2]}.",
-                    "errorDetails": [
-                        {
-                            "quotaInfo": {
-                                "metricName": f"compute.googleapis.com/{metric.lower()}",
-                                "limitName": f"{metric}-per-project-region",
-                                "dimensions": {"region": zone[:-2]},
-                                "limit": 0,
-                            }
-                        }
-                    ],
-                    "_http": 403,
-                }
-            if faults.operation_error:
-                error = dict(faults.operation_error)
-                faults.operation_error = None
+            error = self._insert_error(project, zone)
+            if error:
+                rollback()
                 return error
-            self._create_instance(project, zone, body)
+            now = _now()
+            inst = self.instances[key]
+            inst["status"] = "RUNNING"
+            inst["lastStartTimestamp"] = now
+            inst["cpuPlatform"] = "Intel Broadwell"
+            for disk in inst["disks"]:
+                self.disks[(zone, _last(disk["source"]))]["lastAttachTimestamp"] = now
             return None
 
-        op = self._operation(project, zone, "insert", target, apply)
-        if request_id:
-            self._request_ids[request_id] = op["name"]
-        if faults.insert_503_after:
-            faults.insert_503_after -= 1
-            raise ApiError(503, "The service is currently unavailable.", "backendError")
-        return op
+        return self._operation(
+            project, zone, "insert", f"projects/{project}/zones/{zone}/instances/{name}", apply
+        )
 
+    def _insert_error(self, project: str, zone: str) -> dict[str, Any] | None:
+        faults = self.faults
+        if zone in faults.stockout_zones:
+            return _stockout(project, zone)
+        if faults.quota_operation:
+            metric = faults.quota_operation
+            return {
+                "code": "QUOTA_EXCEEDED",
+                "message": f"Quota '{metric}' exceeded.  Limit: 0.0 in region {zone[:-2]}.",
+                "errorDetails": [
+                    {
+                        "quotaInfo": {
+                            "metricName": f"compute.googleapis.com/{metric.lower()}",
+                            "limitName": f"{metric.replace('_', '-')}-per-project-region",
+                            "dimensions": {"region": zone[:-2]},
+                            "limit": 0,
+                        }
+                    }
+                ],
+                "_http": 403,
+            }
+        if faults.operation_error:
+            error = dict(faults.operation_error)
+            faults.operation_error = None
+            return error
+        return None
+
+    # ---- validation (what the real API refuses) ----------------------------------------------
     def _validate_instance(self, project: str, zone: str, body: dict[str, Any]) -> None:
-        if (zone, body.get("name")) in self.instances:
-            raise ApiError(409, f"The resource '{body.get('name')}' already exists", "alreadyExists")
-        disks = body.get("disks") or []
-        if not any(d.get("boot") for d in disks):
-            raise ApiError(400, "Invalid value for field 'resource.disks': no boot disk.")
+        _parse("Instance", body, "instance")
+        name = body.get("name") or ""
+        if not _NAME.match(name):
+            raise _invalid(
+                "resource.name", name, "Must be a match of regex '(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)'"
+            )
+        if (zone, name) in self.instances:
+            raise ApiError(
+                409,
+                f"The resource 'projects/{project}/zones/{zone}/instances/{name}' already exists",
+                "alreadyExists",
+            )
+        machine = _last(body.get("machineType") or "")
+        if not machine:
+            raise ApiError(
+                400, "Invalid value for field 'resource.machineType': ''. Machine type is required."
+            )
+        shape = catalog.machine_shape(machine)
+        if shape is None:
+            raise _invalid(
+                "resource.machineType",
+                body["machineType"],
+                f"Machine type with name '{machine}' does not exist in zone '{zone}'.",
+            )
         sched = body.get("scheduling") or {}
-        if body.get("guestAccelerators") and sched.get("onHostMaintenance") != "TERMINATE":
+        self._validate_scheduling(sched, "resource.scheduling")
+        self._validate_accelerators(body.get("guestAccelerators") or [], machine, sched, zone)
+        self._validate_disks(project, zone, name, body.get("disks") or [])
+        self._validate_nics(project, zone, body.get("networkInterfaces") or [])
+        self._validate_metadata((body.get("metadata") or {}).get("items") or [], "resource.metadata")
+        self._validate_labels(body.get("labels") or {}, "resource.labels")
+        for tag in (body.get("tags") or {}).get("items") or []:
+            if not _NAME.match(tag):
+                raise _invalid(
+                    "resource.tags.items",
+                    tag,
+                    "Must be a match of regex '(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)'",
+                )
+        accounts = body.get("serviceAccounts") or []
+        if len(accounts) > 1:
+            raise _invalid(
+                "resource.serviceAccounts", len(accounts), "At most one service account is supported."
+            )
+
+    @staticmethod
+    def _validate_scheduling(sched: dict[str, Any], where: str) -> None:
+        for key, allowed in (
+            ("onHostMaintenance", ON_HOST_MAINTENANCE),
+            ("provisioningModel", PROVISIONING_MODELS),
+            ("instanceTerminationAction", TERMINATION_ACTIONS),
+        ):
+            if key in sched and sched[key] not in allowed:
+                raise _invalid(f"{where}.{key}", sched[key], f"Must be one of {sorted(allowed)}.")
+        spot = sched.get("provisioningModel") == "SPOT" or sched.get("preemptible")
+        if spot and sched.get("automaticRestart"):
+            raise ApiError(
+                400,
+                "Invalid value for field 'resource.scheduling.automaticRestart': 'true'. "
+                "Preemptible and Spot instances cannot be automatically restarted.",
+            )
+        if spot and sched.get("onHostMaintenance") == "MIGRATE":
+            raise ApiError(
+                400,
+                "Invalid value for field 'resource.scheduling.onHostMaintenance': 'MIGRATE'. "
+                "Preemptible and Spot instances cannot migrate on host maintenance.",
+            )
+        if "instanceTerminationAction" in sched and sched.get("provisioningModel") != "SPOT":
+            raise ApiError(
+                400,
+                "Invalid value for field 'resource.scheduling.instanceTerminationAction'. "
+                "Only Spot instances take a termination action.",
+            )
+
+    @staticmethod
+    def _validate_accelerators(
+        gpus: list[dict[str, Any]], machine: str, sched: dict[str, Any], zone: str
+    ) -> None:
+        if not gpus:
+            return
+        family, cpus, memory = catalog.machine_shape(machine) or ("", 0, 0.0)
+        for index, gpu in enumerate(gpus):
+            where = f"resource.guestAccelerators[{index}]"
+            gtype = _last(gpu.get("acceleratorType") or "")
+            count = int(gpu.get("acceleratorCount") or 0)
+            if gtype not in catalog.ACCELERATOR_TYPES:
+                raise _invalid(
+                    f"{where}.acceleratorType",
+                    gpu.get("acceleratorType"),
+                    f"Accelerator type '{gtype}' does not exist in zone '{zone}'.",
+                )
+            if count <= 0:
+                raise _invalid(f"{where}.acceleratorCount", count, "The accelerator count must be positive.")
+            if family != "n1" or machine in ("f1-micro", "g1-small"):
+                raise ApiError(
+                    400,
+                    f"[{gtype}] features are not compatible for creating instance: "
+                    f"machine type {machine} takes no {gtype}.",
+                )
+            limits = catalog.N1_GPU_LIMITS[gtype]
+            if count not in limits:
+                raise _invalid(
+                    f"{where}.acceleratorCount",
+                    count,
+                    f"{gtype} can be attached in counts of {', '.join(map(str, sorted(limits)))}.",
+                )
+            max_cpus, max_gb = limits[count]
+            if cpus > max_cpus or memory > max_gb:
+                raise ApiError(
+                    400,
+                    f"Invalid value for field 'resource.machineType': '{machine}'. "
+                    f"{count} x {gtype} supports at most {max_cpus} vCPUs and {max_gb:g} GB of memory.",
+                )
+        if _scheduling_defaults(sched)["onHostMaintenance"] != "TERMINATE":
             raise ApiError(
                 400,
                 "Instances with guest accelerators do not support live migration. "
                 "Set 'scheduling.onHostMaintenance' to TERMINATE.",
             )
-        if sched.get("provisioningModel") == "SPOT" and sched.get("automaticRestart"):
-            raise ApiError(400, "Spot VMs do not support automatic restart.")
-        for disk in disks:
+
+    def _validate_disks(self, project: str, zone: str, name: str, disks: list[dict[str, Any]]) -> None:
+        if not disks or not disks[0].get("boot") or sum(bool(d.get("boot")) for d in disks) != 1:
+            raise ApiError(
+                400,
+                "Invalid value for field 'resource.disks': ''. Exactly one boot disk must be "
+                "given, and it must be the first disk.",
+            )
+        seen_devices: set[str] = set()
+        for index, disk in enumerate(disks):
+            where = f"resource.disks[{index}]"
+            if ("source" in disk) == ("initializeParams" in disk):
+                raise ApiError(
+                    400,
+                    f"Invalid value for field '{where}': exactly one of source and "
+                    "initializeParams must be given.",
+                )
+            if disk.get("mode", "READ_WRITE") not in DISK_MODES:
+                raise _invalid(f"{where}.mode", disk["mode"], f"Must be one of {sorted(DISK_MODES)}.")
+            if disk.get("interface", "SCSI") not in DISK_INTERFACES:
+                raise _invalid(
+                    f"{where}.interface", disk["interface"], f"Must be one of {sorted(DISK_INTERFACES)}."
+                )
+            if disk.get("type", "PERSISTENT") not in ("PERSISTENT", "SCRATCH"):
+                raise _invalid(f"{where}.type", disk["type"], "Must be PERSISTENT or SCRATCH.")
+            device = disk.get("deviceName")
+            if device:
+                if device in seen_devices:
+                    raise _invalid(f"{where}.deviceName", device, "Device names must be unique.")
+                seen_devices.add(device)
             if "source" in disk:
                 key = (zone, _last(disk["source"]))
                 if key not in self.disks:
                     raise ApiError(404, f"The resource '{disk['source']}' was not found", "notFound")
                 if self.disks[key]["users"]:
-                    raise ApiError(400, f"The disk resource '{disk['source']}' is already being used")
-            elif "initializeParams" in disk:
-                dname = disk["initializeParams"].get("diskName") or body["name"]
-                if (zone, dname) in self.disks:
-                    raise ApiError(409, f"The resource 'disks/{dname}' already exists", "alreadyExists")
+                    raise ApiError(
+                        400,
+                        f"The disk resource '{self.disks[key]['selfLink']}' is already being "
+                        f"used by '{self.disks[key]['users'][0]}'",
+                        "resourceInUseByAnotherResource",
+                    )
+                continue
+            params = disk["initializeParams"]
+            dname = params.get("diskName") or name
+            if not _NAME.match(dname):
+                raise _invalid(
+                    f"{where}.initializeParams.diskName",
+                    dname,
+                    "Must be a match of regex '(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)'",
+                )
+            dtype = _last(params.get("diskType") or "pd-standard")
+            if dtype not in catalog.DISK_TYPES:
+                raise _invalid(
+                    f"{where}.initializeParams.diskType",
+                    params.get("diskType"),
+                    f"Disk type '{dtype}' does not exist in zone '{zone}'.",
+                )
+            source_image = params.get("sourceImage")
+            img = catalog.image(source_image) if source_image else None
+            if source_image and img is None:
+                raise ApiError(404, f"The resource '{source_image}' was not found", "notFound")
+            if disk.get("boot") and not source_image:
+                raise ApiError(
+                    400,
+                    f"Invalid value for field '{where}.initializeParams': a boot disk needs "
+                    "sourceImage, sourceSnapshot or source.",
+                )
+            if "diskSizeGb" in params:
+                size = int(params["diskSizeGb"])
+                if size < catalog.MIN_DISK_GB or size > catalog.MAX_DISK_GB:
+                    raise _invalid(
+                        f"{where}.initializeParams.diskSizeGb",
+                        size,
+                        f"Disk size must be between {catalog.MIN_DISK_GB} and {catalog.MAX_DISK_GB} GB.",
+                    )
+                if img and size < img[2]:
+                    raise _invalid(
+                        f"{where}.initializeParams.diskSizeGb",
+                        size,
+                        f"Requested disk size cannot be smaller than the image size ({img[2]} GB)",
+                    )
+            existing = self.disks.get((zone, dname))
+            if existing and existing["users"]:
+                raise ApiError(
+                    400,
+                    f"The disk resource '{existing['selfLink']}' is already being used by "
+                    f"'{existing['users'][0]}'",
+                    "resourceInUseByAnotherResource",
+                )
 
-    def _create_instance(self, project: str, zone: str, body: dict[str, Any]) -> None:
+    def _validate_nics(self, project: str, zone: str, nics: list[dict[str, Any]]) -> None:
+        for index, nic in enumerate(nics or [{}]):
+            where = f"resource.networkInterfaces[{index}]"
+            network = _last(nic.get("network") or "default")
+            if network not in self.networks:
+                raise ApiError(
+                    404,
+                    f"The resource 'projects/{project}/global/networks/{network}' was not found",
+                    "notFound",
+                )
+            if nic.get("subnetwork"):
+                sub = _last(nic["subnetwork"])
+                region = catalog_region(zone)
+                subnets = self.networks[network]
+                known = sub == network if subnets is None else f"{region}/{sub}" in subnets
+                if not known:
+                    raise ApiError(
+                        404,
+                        f"The resource 'projects/{project}/regions/{region}/subnetworks/{sub}' was not found",
+                        "notFound",
+                    )
+            elif self.networks[network] is not None:
+                raise ApiError(
+                    400,
+                    f"Invalid value for field '{where}.subnetwork': ''. Network '{network}' is in "
+                    "custom subnet mode: a subnetwork is required.",
+                )
+            for ac_index, access in enumerate(nic.get("accessConfigs") or []):
+                if access.get("type", "ONE_TO_ONE_NAT") != "ONE_TO_ONE_NAT":
+                    raise _invalid(
+                        f"{where}.accessConfigs[{ac_index}].type", access["type"], "Must be ONE_TO_ONE_NAT."
+                    )
+                if access.get("networkTier", "PREMIUM") not in NETWORK_TIERS:
+                    raise _invalid(
+                        f"{where}.accessConfigs[{ac_index}].networkTier",
+                        access["networkTier"],
+                        f"Must be one of {sorted(NETWORK_TIERS)}.",
+                    )
+
+    @staticmethod
+    def _validate_metadata(items: list[dict[str, Any]], where: str) -> None:
+        keys = [item.get("key", "") for item in items]
+        for key in keys:
+            if not _METADATA_KEY.match(key):
+                raise _invalid(f"{where}.items.key", key, "Must be a match of regex '[a-zA-Z0-9-_]{1,128}'")
+        if len(set(keys)) != len(keys):
+            raise ApiError(400, f"Invalid value for field '{where}': duplicate metadata keys.")
+        if (
+            sum(len(k) + len(item.get("value") or "") for k, item in zip(keys, items, strict=True))
+            > 512 * 1024
+        ):
+            raise ApiError(400, f"Invalid value for field '{where}': metadata is limited to 512 KB in total.")
+
+    @staticmethod
+    def _validate_labels(labels: dict[str, str], where: str) -> None:
+        if len(labels) > 64:
+            raise _invalid(where, len(labels), "At most 64 labels.")
+        for key, value in labels.items():
+            if not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(str(value)):
+                raise _invalid(
+                    f"{where}",
+                    f"{key}={value}",
+                    "Label keys and values must be lowercase letters, "
+                    "digits, '_' or '-', keys starting with a letter, at most 63 characters.",
+                )
+
+    # ---- creation: what the API fills in -----------------------------------------------------
+    def _create_instance(self, project: str, zone: str, body: dict[str, Any]) -> list[str]:
+        """Record the VM as PROVISIONING with every server-side field; returns the disks it created."""
         name = body["name"]
         zone_path = f"projects/{project}/zones/{zone}"
         self_link = _url(f"{zone_path}/instances/{name}")
-        disks = []
+        now = _now()
+        disks, created = [], []
         for index, disk in enumerate(body.get("disks") or []):
             if "source" in disk:
                 dname = _last(disk["source"])
             else:
                 params = disk.get("initializeParams") or {}
                 dname = params.get("diskName") or name
-                self.disks[(zone, dname)] = {
-                    "kind": "compute#disk",
-                    "name": dname,
-                    "sizeGb": str(params.get("diskSizeGb", 10)),
-                    "type": _url(f"{zone_path}/diskTypes/{_last(params.get('diskType', 'pd-standard'))}"),
-                    "zone": _url(zone_path),
-                    "sourceImage": params.get("sourceImage", ""),
-                    "status": "READY",
-                    "selfLink": _url(f"{zone_path}/disks/{dname}"),
-                    "users": [],
-                }
-            self.disks[(zone, dname)]["users"].append(self_link)
-            disks.append(
-                {
-                    "kind": "compute#attachedDisk",
-                    "type": "PERSISTENT",
-                    "mode": "READ_WRITE",
-                    "index": index,
-                    "boot": bool(disk.get("boot")),
-                    "autoDelete": bool(disk.get("autoDelete", False)),
-                    "deviceName": disk.get("deviceName") or dname,
-                    "source": _url(f"{zone_path}/disks/{dname}"),
-                    "diskSizeGb": self.disks[(zone, dname)]["sizeGb"],
-                }
-            )
-        n = len(self.instances) + 2
-        nics = []
-        for nic in body.get("networkInterfaces") or [{}]:
-            out = {
-                "network": _url(f"projects/{project}/global/networks/{_last(nic.get('network', 'default'))}"),
-                "networkIP": f"10.128.0.{n}",
-                "name": "nic0",
+                if (zone, dname) not in self.disks:  # an existing free disk of that name is attached
+                    self._new_disk(project, zone, dname, params)
+                    created.append(dname)
+            entry = self.disks[(zone, dname)]
+            entry["users"].append(self_link)
+            attached = {
+                "kind": "compute#attachedDisk",
+                "type": disk.get("type", "PERSISTENT"),
+                "mode": disk.get("mode", "READ_WRITE"),
+                "source": entry["selfLink"],
+                "deviceName": disk.get("deviceName") or f"persistent-disk-{index}",
+                "index": index,
+                "boot": bool(disk.get("boot", False)),
+                "autoDelete": bool(disk.get("autoDelete", False)),
+                "interface": disk.get("interface", "SCSI"),
+                "diskSizeGb": entry["sizeGb"],
+                "architecture": "X86_64",
             }
-            if nic.get("subnetwork"):
-                out["subnetwork"] = _url(nic["subnetwork"].split("compute/v1/")[-1])
+            if entry.get("licenses"):
+                attached["licenses"] = list(entry["licenses"])
+                attached["guestOsFeatures"] = copy.deepcopy(entry["guestOsFeatures"])
+            disks.append(attached)
+        nics = []
+        for index, nic in enumerate(body.get("networkInterfaces") or [{}]):
+            network = _last(nic.get("network") or "default")
+            sub = _last(nic["subnetwork"]) if nic.get("subnetwork") else network
+            out = {
+                "kind": "compute#networkInterface",
+                "network": _url(f"projects/{project}/global/networks/{network}"),
+                "subnetwork": _url(f"projects/{project}/regions/{catalog_region(zone)}/subnetworks/{sub}"),
+                "networkIP": nic.get("networkIP") or f"10.128.0.{next(self._ips)}",
+                "name": f"nic{index}",
+                "stackType": nic.get("stackType", "IPV4_ONLY"),
+            }
             if nic.get("accessConfigs"):
                 out["accessConfigs"] = [
-                    dict(ac, natIP=f"203.0.113.{n}", kind="compute#accessConfig")
+                    {
+                        "kind": "compute#accessConfig",
+                        "type": "ONE_TO_ONE_NAT",
+                        "name": ac.get("name", "External NAT"),
+                        "natIP": ac.get("natIP") or f"203.0.113.{next(self._ips)}",
+                        "networkTier": ac.get("networkTier", "PREMIUM"),
+                    }
                     for ac in nic["accessConfigs"]
                 ]
+            out["fingerprint"] = fingerprint(out)
             nics.append(out)
-        inst = {
+        items = list((body.get("metadata") or {}).get("items") or [])
+        tags = list((body.get("tags") or {}).get("items") or [])
+        labels = dict(body.get("labels") or {})
+        inst: dict[str, Any] = {
             "kind": "compute#instance",
-            "id": str(next(self._ids)),
+            "id": str(next(self._ids)) + "7301",
+            "creationTimestamp": now,
             "name": name,
-            "zone": _url(zone_path),
+            "tags": {"fingerprint": fingerprint(tags)},
             "machineType": _url(f"{zone_path}/machineTypes/{_last(body['machineType'])}"),
-            "status": "RUNNING",
-            "disks": disks,
+            "status": "PROVISIONING",
+            "zone": _url(zone_path),
+            "canIpForward": bool(body.get("canIpForward", False)),
             "networkInterfaces": nics,
-            "scheduling": dict(body.get("scheduling") or {}),
-            "labels": dict(body.get("labels") or {}),
-            "labelFingerprint": "fp0",
-            "metadata": {
-                "items": list((body.get("metadata") or {}).get("items") or []),
-                "fingerprint": "fp0",
-            },
-            "tags": {"items": list((body.get("tags") or {}).get("items") or []), "fingerprint": "fp0"},
+            "disks": disks,
+            "metadata": {"kind": "compute#metadata", "fingerprint": fingerprint(items)},
             "selfLink": self_link,
+            "scheduling": _scheduling_defaults(body.get("scheduling") or {}),
+            "cpuPlatform": "Unknown CPU Platform",
+            "labelFingerprint": fingerprint(labels),
+            "startRestricted": False,
+            "deletionProtection": bool(body.get("deletionProtection", False)),
+            "shieldedInstanceConfig": {
+                "enableSecureBoot": False,
+                "enableVtpm": True,
+                "enableIntegrityMonitoring": True,
+            },
+            "shieldedInstanceIntegrityPolicy": {"updateAutoLearnPolicy": True},
+            "fingerprint": fingerprint([name, now]),
+            "satisfiesPzi": True,
         }
+        if tags:
+            inst["tags"]["items"] = tags
+        if items:
+            inst["metadata"]["items"] = items
+        if labels:
+            inst["labels"] = labels
+        if body.get("description"):
+            inst["description"] = body["description"]
         if body.get("guestAccelerators"):
             inst["guestAccelerators"] = [
                 {
                     "acceleratorType": _url(f"{zone_path}/acceleratorTypes/{_last(g['acceleratorType'])}"),
-                    "acceleratorCount": g.get("acceleratorCount", 1),
+                    "acceleratorCount": int(g.get("acceleratorCount", 1)),
                 }
                 for g in body["guestAccelerators"]
             ]
         if body.get("serviceAccounts"):
-            inst["serviceAccounts"] = body["serviceAccounts"]
+            inst["serviceAccounts"] = [_service_account(sa) for sa in body["serviceAccounts"]]
         self.instances[(zone, name)] = inst
+        return created
+
+    def _new_disk(self, project: str, zone: str, name: str, params: dict[str, Any]) -> dict[str, Any]:
+        zone_path = f"projects/{project}/zones/{zone}"
+        img = catalog.image(params["sourceImage"]) if params.get("sourceImage") else None
+        size = params.get("diskSizeGb") or (img[2] if img else catalog.DEFAULT_EMPTY_DISK_GB)
+        disk: dict[str, Any] = {
+            "kind": "compute#disk",
+            "id": str(next(self._ids)) + "5501",
+            "creationTimestamp": _now(),
+            "name": name,
+            "sizeGb": str(size),
+            "zone": _url(zone_path),
+            "status": "READY",
+            "selfLink": _url(f"{zone_path}/disks/{name}"),
+            "type": _url(f"{zone_path}/diskTypes/{_last(params.get('diskType') or 'pd-standard')}"),
+            "labelFingerprint": fingerprint({}),
+            "physicalBlockSizeBytes": "4096",
+            "architecture": "X86_64",
+            "satisfiesPzi": True,
+            "users": [],
+        }
+        if img:
+            project_img, image_name, _, license_ = img
+            disk["sourceImage"] = _url(f"projects/{project_img}/global/images/{image_name}")
+            disk["sourceImageId"] = str(next(self._ids)) + "3301"
+            disk["licenses"] = [_url(f"projects/{project_img}/global/licenses/{license_}")]
+            disk["guestOsFeatures"] = [
+                {"type": t} for t in ("UEFI_COMPATIBLE", "VIRTIO_SCSI_MULTIQUEUE", "GVNIC", "SEV_CAPABLE")
+            ]
+        self.disks[(zone, name)] = disk
+        return disk
 
     def delete_instance(self, project: str, zone: str, name: str) -> dict[str, Any]:
         inst = self.get_instance(zone, name)
+        self.instances[(zone, name)]["status"] = "STOPPING"
 
         def apply() -> None:
             for disk in inst["disks"]:
                 key = (zone, _last(disk["source"]))
                 if key in self.disks:
                     self.disks[key]["users"] = [u for u in self.disks[key]["users"] if u != inst["selfLink"]]
+                    self.disks[key]["lastDetachTimestamp"] = _now()
                     if disk["autoDelete"]:
                         del self.disks[key]
             self.instances.pop((zone, name), None)
@@ -328,21 +763,26 @@ class FakeCompute:
 
     def instance_action(self, project: str, zone: str, name: str, verb: str, body: dict[str, Any]) -> dict:
         inst = self.get_instance(zone, name)
-        running = inst["status"] == "RUNNING"
+        live = self.instances[(zone, name)]
+        stopped = inst["status"] == STOPPED
         needs_stop = {"setMachineType", "setMachineResources", "setServiceAccount"}
-        if verb in needs_stop and running:
-            raise ApiError(400, f"The instance must be stopped for {verb}.", "resourceNotReady")
-        if (
-            verb == "setScheduling"
-            and running
-            and (body.get("provisioningModel") != inst["scheduling"].get("provisioningModel"))
-        ):
-            raise ApiError(400, "The provisioning model can only be changed while stopped.")
         fingerprinted = {
             "setLabels": "labelFingerprint",
             "setMetadata": "fingerprint",
             "setTags": "fingerprint",
         }
+        known = needs_stop | set(fingerprinted) | {"start", "stop", "setScheduling"}
+        if verb not in known:
+            raise ApiError(400, f"The fake does not implement instances.{verb}.")
+        if verb in _ACTION_MESSAGES:
+            _parse(_ACTION_MESSAGES[verb], body, verb)
+        if verb in needs_stop and not stopped:
+            raise ApiError(
+                400,
+                f"The resource '{inst['selfLink']}' is not ready: instances.{verb} needs the "
+                f"instance stopped (it is {inst['status']}).",
+                "resourceNotReady",
+            )
         if verb in fingerprinted:
             current = (
                 inst["labelFingerprint"] if verb == "setLabels" else inst[verb[3:].lower()]["fingerprint"]
@@ -351,34 +791,95 @@ class FakeCompute:
                 raise ApiError(
                     412, "Supplied fingerprint does not match current fingerprint.", "conditionNotMet"
                 )
-        if verb not in needs_stop | set(fingerprinted) | {"start", "stop", "setScheduling"}:
-            raise ApiError(400, f"The fake does not implement {verb}.")
-        key = (zone, name)
-
-        def apply() -> None:
-            live = self.instances[key]
-            fp = f"fp{next(self._ids)}"
-            if verb == "start":
-                live["status"] = "RUNNING"
-            elif verb == "stop":
-                live["status"] = "TERMINATED"
-            elif verb == "setMachineType":
-                live["machineType"] = _url(
-                    f"projects/{project}/zones/{zone}/machineTypes/{_last(body['machineType'])}"
+        gpus = inst.get("guestAccelerators") or []
+        machine = _last(inst["machineType"])
+        if verb == "setScheduling":
+            self._validate_scheduling(body, "resource")
+            if not stopped and _scheduling_defaults(body).get("provisioningModel") != inst["scheduling"].get(
+                "provisioningModel"
+            ):
+                raise ApiError(
+                    400, "The provisioning model can only be changed while the instance is stopped."
                 )
+            if gpus and _scheduling_defaults(body)["onHostMaintenance"] != "TERMINATE":
+                raise ApiError(
+                    400,
+                    "Instances with guest accelerators do not support live migration. "
+                    "Set 'scheduling.onHostMaintenance' to TERMINATE.",
+                )
+        if verb == "setMachineType":
+            machine = _last(body.get("machineType") or "")
+            if catalog.machine_shape(machine) is None:
+                raise _invalid(
+                    "machineType",
+                    body.get("machineType"),
+                    f"Machine type with name '{machine}' does not exist in zone '{zone}'.",
+                )
+            self._validate_accelerators(gpus, machine, inst["scheduling"], zone)
+        if verb == "setMachineResources":
+            self._validate_accelerators(
+                body.get("guestAccelerators") or [], machine, inst["scheduling"], zone
+            )
+        if verb == "setMetadata":
+            self._validate_metadata(body.get("items") or [], "metadata")
+        if verb == "setLabels":
+            self._validate_labels(body.get("labels") or {}, "labels")
+        if verb == "stop" and inst["status"] in ("RUNNING", "STAGING", "PROVISIONING"):
+            live["status"] = "STOPPING"
+        if verb == "start" and stopped:
+            live["status"] = "STAGING"
+
+        def apply() -> dict[str, Any] | None:
+            live = self.instances[(zone, name)]
+            if verb == "start":
+                if live["status"] == "STAGING" and zone in self.faults.stockout_zones:
+                    live["status"] = STOPPED
+                    return _stockout(project, zone)
+                live["status"] = "RUNNING"
+                live["lastStartTimestamp"] = _now()
+            elif verb == "stop":
+                live["status"] = STOPPED
+                live["lastStopTimestamp"] = _now()
+            elif verb == "setMachineType":
+                live["machineType"] = _url(f"projects/{project}/zones/{zone}/machineTypes/{machine}")
             elif verb == "setMachineResources":
-                live["guestAccelerators"] = body.get("guestAccelerators") or []
+                gpus = [
+                    {
+                        "acceleratorType": _url(
+                            f"projects/{project}/zones/{zone}/acceleratorTypes/{_last(g['acceleratorType'])}"
+                        ),
+                        "acceleratorCount": int(g.get("acceleratorCount", 1)),
+                    }
+                    for g in body.get("guestAccelerators") or []
+                ]
+                if gpus:
+                    live["guestAccelerators"] = gpus
+                else:
+                    live.pop("guestAccelerators", None)
             elif verb == "setScheduling":
-                live["scheduling"] = dict(body)
+                live["scheduling"] = _scheduling_defaults(body)
             elif verb == "setServiceAccount":
-                live["serviceAccounts"] = [{"email": body.get("email"), "scopes": body.get("scopes", [])}]
+                live["serviceAccounts"] = [_service_account(body)] if body.get("email") else []
             elif verb == "setLabels":
-                live["labels"] = dict(body.get("labels") or {})
-                live["labelFingerprint"] = fp
+                labels = dict(body.get("labels") or {})
+                live["labels"] = labels
+                if not labels:
+                    live.pop("labels")
+                live["labelFingerprint"] = fingerprint([labels, next(self._ids)])
             elif verb == "setMetadata":
-                live["metadata"] = {"items": list(body.get("items") or []), "fingerprint": fp}
+                items = list(body.get("items") or [])
+                live["metadata"] = {
+                    "kind": "compute#metadata",
+                    "fingerprint": fingerprint([items, next(self._ids)]),
+                }
+                if items:
+                    live["metadata"]["items"] = items
             elif verb == "setTags":
-                live["tags"] = {"items": list(body.get("items") or []), "fingerprint": fp}
+                items = list(body.get("items") or [])
+                live["tags"] = {"fingerprint": fingerprint([items, next(self._ids)])}
+                if items:
+                    live["tags"]["items"] = items
+            return None
 
         return self._operation(
             project, zone, verb, f"projects/{project}/zones/{zone}/instances/{name}", apply
@@ -389,17 +890,7 @@ class FakeCompute:
         self, project: str, zone: str, name: str, size_gb: int = 250, disk_type: str = "pd-balanced"
     ) -> None:
         """Seed a detached disk, as a previous teardown leaves the data disk."""
-        zone_path = f"projects/{project}/zones/{zone}"
-        self.disks[(zone, name)] = {
-            "kind": "compute#disk",
-            "name": name,
-            "sizeGb": str(size_gb),
-            "type": _url(f"{zone_path}/diskTypes/{disk_type}"),
-            "zone": _url(zone_path),
-            "status": "READY",
-            "selfLink": _url(f"{zone_path}/disks/{name}"),
-            "users": [],
-        }
+        self._new_disk(project, zone, name, {"diskSizeGb": str(size_gb), "diskType": disk_type})
 
     def get_disk(self, zone: str, name: str) -> dict[str, Any]:
         self.tick()
@@ -414,7 +905,11 @@ class FakeCompute:
     def delete_disk(self, project: str, zone: str, name: str) -> dict[str, Any]:
         disk = self.get_disk(zone, name)
         if disk.get("users"):
-            raise ApiError(400, f"The disk resource '{name}' is already being used by '{disk['users'][0]}'")
+            raise ApiError(
+                400,
+                f"The disk resource '{disk['selfLink']}' is already being used by '{disk['users'][0]}'",
+                "resourceInUseByAnotherResource",
+            )
         return self._operation(
             project,
             zone,
@@ -462,3 +957,45 @@ class FakeCompute:
             f"projects/{project}/global/firewalls/{name}",
             lambda: self.firewalls.pop(name, None) and None,
         )
+
+
+_ACTION_MESSAGES = {
+    "setMachineType": "InstancesSetMachineTypeRequest",
+    "setMachineResources": "InstancesSetMachineResourcesRequest",
+    "setServiceAccount": "InstancesSetServiceAccountRequest",
+    "setLabels": "InstancesSetLabelsRequest",
+    "setMetadata": "Metadata",
+    "setTags": "Tags",
+    "setScheduling": "Scheduling",
+}
+
+
+def catalog_region(zone: str) -> str:
+    """us-central1-a -> us-central1."""
+    return zone.rsplit("-", 1)[0]
+
+
+def _stockout(project: str, zone: str) -> dict[str, Any]:
+    return {
+        "code": "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
+        "message": f"The zone 'projects/{project}/zones/{zone}' does not have enough resources available to "
+        "fulfill the request.  '(resource type:compute)'.",
+        "_http": 503,
+    }
+
+
+def _scheduling_defaults(sched: dict[str, Any]) -> dict[str, Any]:
+    """Scheduling as the API stores it: every default written out (Scheduling reference)."""
+    out = dict(sched)
+    spot = out.get("provisioningModel") == "SPOT" or bool(out.get("preemptible"))
+    out.setdefault("provisioningModel", "STANDARD")
+    out.setdefault("preemptible", False)
+    out.setdefault("onHostMaintenance", "TERMINATE" if spot else "MIGRATE")
+    out.setdefault("automaticRestart", not spot)
+    return out
+
+
+def _service_account(account: dict[str, Any]) -> dict[str, Any]:
+    """``default`` is the project's Compute Engine default service account, stored by its email."""
+    email = account.get("email") or ""
+    return {"email": DEFAULT_SA if email == "default" else email, "scopes": list(account.get("scopes") or [])}

@@ -70,8 +70,35 @@ def test_operation_errors() -> None:
     assert operation_error({"name": "ok", "status": "DONE"}, "p") is None
 
 
-def test_quota_name_prefers_quota_info() -> None:
-    details = [{"quotaInfo": {"limitName": "PREEMPTIBLE-NVIDIA-T4-GPUS-per-project-region"}}]
-    assert quota_name("anything", details) == "PREEMPTIBLE-NVIDIA-T4-GPUS"
+def test_quota_names_are_spelled_as_the_api_spells_them() -> None:
+    """NVIDIA_T4_GPUS with underscores, as in the API's message and the console's quota filter."""
+    message = "Quota 'PREEMPTIBLE_NVIDIA_T4_GPUS' exceeded.  Limit: 0.0 in region us-central1."
+    info = {
+        "metricName": "compute.googleapis.com/preemptible_nvidia_t4_gpus",
+        "limitName": "PREEMPTIBLE-NVIDIA-T4-GPUS-per-project-region",
+    }
+    assert quota_name(message, [{"quotaInfo": info}]) == "PREEMPTIBLE_NVIDIA_T4_GPUS"
+    assert quota_name("no name in the message", [{"quotaInfo": info}]) == "PREEMPTIBLE_NVIDIA_T4_GPUS"
+    limit_only = [{"quotaInfo": {"limitName": "NVIDIA-T4-GPUS-per-project-region"}}]
+    assert quota_name("no name in the message", limit_only) == "NVIDIA_T4_GPUS"
     assert quota_name("Quota 'CPUS' exceeded.") == "CPUS"
     assert quota_name("no name here") == "unknown quota"
+
+
+def test_throttling_until_the_deadline_says_it_was_throttling() -> None:
+    last = exceptions.TooManyRequests("Rate Limit Exceeded", errors=[{"reason": "rateLimitExceeded"}])
+    err = exception_to_error(exceptions.RetryError("Timeout of 1.0s exceeded", last), "proj")
+    assert err.kind == "throttled" and "throttling" in str(err) and "429" in str(err)
+    assert "retry_deadline" in str(err)
+
+
+def test_a_403_rate_limit_is_throttling_not_a_quota() -> None:
+    exc = exceptions.Forbidden("Rate Limit Exceeded", errors=[{"reason": "rateLimitExceeded"}])
+    assert classify_exception(exc) == "retryable"
+
+
+def test_a_dropped_connection_is_retried() -> None:
+    import requests
+
+    assert is_retryable(requests.exceptions.ConnectionError("Connection aborted. RemoteDisconnected"))
+    assert not is_retryable(ValueError("not a transport error"))

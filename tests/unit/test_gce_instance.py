@@ -40,7 +40,7 @@ def test_create_delete_idempotence(fake: FakeComputeServer) -> None:
     assert first["actions"] == ["insert in us-central1-a"]
 
     again = run_module(fake.endpoint, **BASE)
-    assert again["changed"] is False, again
+    assert again["changed"] is False and not again.get("failed"), again
     assert len(_inserts(fake)) == 1
 
     gone = run_module(fake.endpoint, state="absent", **BASE)
@@ -56,13 +56,13 @@ def test_create_delete_idempotence(fake: FakeComputeServer) -> None:
     assert ("us-central1-a", "rig1") not in fake.api.disks  # boot disk went with the VM
 
     gone_again = run_module(fake.endpoint, state="absent", **BASE)
-    assert gone_again["changed"] is False
+    assert gone_again["changed"] is False and not gone_again.get("failed")
 
 
 def test_instance_found_in_a_later_zone_is_not_recreated(fake: FakeComputeServer) -> None:
     run_module(fake.endpoint, **dict(BASE, zones=["us-east1-c"]))
     result = run_module(fake.endpoint, **BASE)
-    assert result["changed"] is False and result["zone"] == "us-east1-c"
+    assert result["changed"] is False and not result.get("failed") and result["zone"] == "us-east1-c"
     assert len(_inserts(fake)) == 1
 
 
@@ -112,10 +112,11 @@ def test_stockout_in_first_zone_lands_in_second(fake: FakeComputeServer) -> None
     fake.api.faults.stockout_zones = {"us-central1-a"}
     result = run_module(fake.endpoint, **BASE)
     assert result["changed"] is True and result["zone"] == "us-central1-b"
-    assert result["zones_tried"] == [
-        {"zone": "us-central1-a", "result": "stockout"},
-        {"zone": "us-central1-b", "result": "created"},
+    assert [(z["zone"], z["result"]) for z in result["zones_tried"]] == [
+        ("us-central1-a", "stockout"),
+        ("us-central1-b", "created"),
     ]
+    assert result["zones_tried"][0]["reason"].startswith("ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS: ")
     assert "us-central1-a has no capacity" in _warnings(result)
     assert ("us-central1-a", "rig1-data") not in fake.api.disks  # nothing left behind in the full zone
 
@@ -221,7 +222,8 @@ def test_in_place_change_and_diff(fake: FakeComputeServer) -> None:
     assert result["diff"]["before"]["labels"] == {"app": "rig"}
     assert result["diff"]["after"]["labels"] == {"app": "rig", "owner": "me"}
     assert fake.api.requests("POST", "/setLabels") and not fake.api.requests("POST", "/stop")
-    assert run_module(fake.endpoint, labels={"app": "rig", "owner": "me"}, **BASE)["changed"] is False
+    again = run_module(fake.endpoint, labels={"app": "rig", "owner": "me"}, **BASE)
+    assert again["changed"] is False and not again.get("failed")
 
 
 def test_change_needing_stop_fails_unless_allowed(fake: FakeComputeServer) -> None:
@@ -252,7 +254,8 @@ def test_stop_and_start_states(fake: FakeComputeServer) -> None:
     run_module(fake.endpoint, **BASE)
     stopped = run_module(fake.endpoint, state="stopped", **BASE)
     assert stopped["changed"] is True and stopped["status"] == "TERMINATED"
-    assert run_module(fake.endpoint, state="stopped", **BASE)["changed"] is False
+    again = run_module(fake.endpoint, state="stopped", **BASE)
+    assert again["changed"] is False and not again.get("failed")
     started = run_module(fake.endpoint, state="started", **BASE)
     assert started["changed"] is True and started["status"] == "RUNNING"
 
