@@ -59,23 +59,40 @@ def test_jobs_must_be_positive(qat, tmp_path, capsys):
 
 
 def test_bounded_map_keeps_at_most_jobs_running_and_yields_everything():
-    running = 0
-    peak = 0
+    # No sleeps: a barrier of `jobs` parties makes every call wait until `jobs` calls are inside
+    # at once, so the test completes only if bounded_map really runs `jobs` side by side (a
+    # serial map breaks the barrier: its timeout is a deadlock guard, not a measurement). The
+    # bound is counted where it is decided: items pulled from the source minus results handled.
+    jobs, n = 3, 39  # a multiple of jobs, so the last round of the barrier fills too
+    barrier = threading.Barrier(jobs, timeout=60)
     lock = threading.Lock()
+    running = peak = pulled = handled = 0
+    in_flight_at_pull: list[int] = []
+
+    def items():
+        nonlocal pulled
+        for i in range(n):
+            pulled += 1
+            in_flight_at_pull.append(pulled - handled)
+            yield i
 
     def work(i: int) -> int:
         nonlocal running, peak
         with lock:
             running += 1
             peak = max(peak, running)
-        time.sleep(0.005)
+        barrier.wait()
         with lock:
             running -= 1
         return i * i
 
-    got = dict(bounded_map(work, range(40), 3))
-    assert got == {i: i * i for i in range(40)}
-    assert 1 < peak <= 3
+    got = {}
+    for i, sq in bounded_map(work, items(), jobs):
+        got[i] = sq
+        handled += 1
+    assert got == {i: i * i for i in range(n)}
+    assert max(in_flight_at_pull) == jobs  # never more than jobs taken and not yet handled
+    assert peak == jobs  # the barrier needs jobs inside at once; the pool allows no more
 
 
 def test_bounded_map_raises_the_first_error_and_stops_submitting():
