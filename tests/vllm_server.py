@@ -3,7 +3,8 @@
 Shared by the tests that need a real server on the controller (tests/repack/test_vllm.py, the
 evidence tests). The flags are the local platform's (inventory/group_vars/local.yml): bf16,
 max-model-len 2048, max-num-seqs 4, eager, an explicit KV cache size; prefix caching is off so
-benchmark repeats cannot hit it. ``RIG_TEST_PORTS=LOW-HIGH`` keeps the servers' ports in a range
+benchmark repeats cannot hit it. ``dtype`` replaces bf16 where a test needs another datapath
+(float16, the T4's). ``RIG_TEST_PORTS=LOW-HIGH`` keeps the servers' ports in a range
 (for runs that share the host with another test run); otherwise the OS picks a free port.
 """
 
@@ -26,8 +27,9 @@ from repack.pipeline import run as run_steps
 from repack.steps import STEPS
 
 START_TIMEOUT_S = 900  # a loaded 2-core CI box takes minutes to start vLLM
+RIG_DTYPE = "bfloat16"
 RIG_FLAGS = (
-    "--dtype", "bfloat16", "--max-model-len", "2048", "--max-num-seqs", "4",
+    "--max-model-len", "2048", "--max-num-seqs", "4",
     "--kv-cache-memory-bytes", str(256 << 20), "--enforce-eager", "--no-enable-prefix-caching",
 )  # fmt: skip
 
@@ -71,6 +73,7 @@ def serve(
     port: int | None = None,
     extra_args: Sequence[str] = (),
     timeout: float = START_TIMEOUT_S,
+    dtype: str = RIG_DTYPE,
 ) -> Iterator[str]:
     """Serve ``model`` as ``name`` until the block ends; yield ``http://127.0.0.1:PORT``.
 
@@ -80,7 +83,8 @@ def serve(
     port = port or free_port()
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-        "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), *RIG_FLAGS, *extra_args,
+        "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, *RIG_FLAGS,
+        *extra_args,
     ]  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     log.parent.mkdir(parents=True, exist_ok=True)

@@ -1,15 +1,105 @@
-"""Each build loads and generates in vLLM 0.29.0's CPU build on the controller."""
+"""Each build loads and generates in vLLM 0.29.0's CPU build on the controller, and the builds that
+hold the source's weights serve the source's model: the same greedy tokens, and log-probabilities
+within a tolerance set by the float format, as transformers computes in float32 on the CPU.
+
+Reference: transformers' Gemma4ForConditionalGeneration on the bf16 source (``qat``) in float32.
+tests/repack/test_roundtrip.py shows that transformers reads w4a16, text and emb4 as exactly that
+model (identical logits), so one reference serves every lossless build. w8a8 re-quantizes and is
+not compared here (test_roundtrip bounds its logit gap).
+"""
 
 from __future__ import annotations
 
 import json
+import shutil
 import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+import torch
 
-from tests.vllm_server import serve
+from tests.vllm_server import RIG_DTYPE, serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+LM_ONLY = ["--language-model-only"]
+# (build, dtype, extra flags). emb4 needs plugins/vllm_cpu_int4_embedding installed in this venv;
+# text-kv is the layout with k_proj/v_proj/k_norm present for the KV-shared layers. w4a16 runs in
+# float16, the T4's datapath, whose 8x finer rounding makes the log-probability check sharp
+# (see TOLERANCE); the others run the local rig's bf16.
+CASES = [
+    ("w4a16", "float16", LM_ONLY),
+    ("text", RIG_DTYPE, []),
+    ("emb4", RIG_DTYPE, []),
+    ("w8a8", RIG_DTYPE, []),
+    ("text-kv", RIG_DTYPE, []),
+]
+SAME_WEIGHTS = {"w4a16", "text", "emb4", "text-kv"}  # lossless conversions of the qat source
+
+# 64 token ids: BOS, then 63 drawn with torch.randint(14, 384, generator seed 0) from the tiny
+# vocabulary's ordinary tokens (ids below 14 are specials). A random prompt, not text: this random
+# model puts nearly all probability on one token at every position (the top-1 log-probability is
+# -1e-6, so comparing it alone says nothing), but on random ids its greedy choice changes from
+# position to position, and its top-1/top-2 gaps are all at least 2.9 nats here (checked in
+# `reference`), so a flipped token is a real difference, not a near tie.
+PROMPT = [
+    2, 368, 383, 107, 164, 47, 263, 261, 337, 101, 267, 245, 180, 370, 223, 232, 140, 150, 252, 288,
+    27, 310, 233, 265, 188, 198, 245, 373, 323, 373, 124, 235, 356, 227, 24, 219, 349, 376, 233, 65,
+    372, 22, 187, 150, 313, 215, 331, 37, 19, 326, 25, 304, 93, 297, 25, 175, 44, 267, 230, 380, 31,
+    293, 210, 347,
+]  # fmt: skip
+NEW_TOKENS = 16
+TOP_K = 5  # log-probabilities compared: each position's top 5, plus the prompt's own token
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """|served - reference| log-probability, in nats: for every entry (max) and on average (mean)."""
+
+    max: float
+    mean: float
+
+
+# From the float format, checked against measurement. float16 keeps 11 significant bits (unit
+# roundoff 2^-11); logits here reach the soft-cap of 30, so the last rounding alone moves one by
+# up to 0.008, and some 50 roundings through 10 layers add up to tenths at worst. bfloat16 keeps
+# 8 bits: 8x coarser. Measured (top 5 + the prompt token at 79 positions), float16: transformers'
+# own float16 run against its float32 run, max 0.07-0.19, mean 0.011-0.015 on this prompt and
+# three others; vLLM max 0.08 and mean 0.012 on this one (0.36 and 0.015 at worst on the others).
+# bfloat16: transformers max 0.6-1.3, mean 0.09-0.11; vLLM max 0.93 and mean 0.13-0.14 on this
+# one (1.8 and 0.17 at worst). The tolerances sit above the worst of all four prompts and 3-6x
+# above this prompt's figures. The bf16 max is also the smallest top-1/top-2 gap the prompt must
+# have (`reference`). For scale: one gate_proj's weight_scale times 1.5 served in float16 gives
+# max 2.8, mean 0.28 (the control below); in bfloat16 its mean is 0.26-0.33, inside the bf16
+# tolerance. So the bf16 cases hold the rig's datapath to the source's greedy tokens and catch
+# coarse errors only; the float16 cases are the sharp ones.
+TOLERANCE = {"float16": Tolerance(max=0.5, mean=0.05), "bfloat16": Tolerance(max=2.5, mean=0.4)}
+
+
+@dataclass(frozen=True)
+class Reference:
+    tokens: list[int]  # greedy continuation of PROMPT
+    logprobs: torch.Tensor  # [positions, vocab]: row r predicts token r + 1 of PROMPT + tokens
+
+
+@pytest.fixture(scope="module")
+def reference(builds) -> Reference:
+    """transformers, float32, on the bf16 source: greedy tokens and every position's log-probabilities."""
+    from transformers import Gemma4ForConditionalGeneration
+
+    model = Gemma4ForConditionalGeneration.from_pretrained(builds["qat"], dtype=torch.float32).eval()
+    seq = list(PROMPT)
+    with torch.no_grad():
+        for _ in range(NEW_TOKENS):  # greedy, by hand: generation_config.json asks for sampling
+            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+        logprobs = torch.log_softmax(model(torch.tensor([seq])).logits[0, :-1].double(), -1)
+    top2 = logprobs.topk(2, -1).values
+    gap = float((top2[:, 0] - top2[:, 1]).min())
+    assert gap >= max(t.max for t in TOLERANCE.values()), (
+        f"smallest top-1/top-2 gap {gap:.2f} nats: the prompt has a near tie, choose another"
+    )
+    return Reference(tokens=seq[len(PROMPT) :], logprobs=logprobs)
 
 
 def _post(url: str, body: dict, timeout: float = 120) -> dict:
@@ -20,20 +110,65 @@ def _post(url: str, body: dict, timeout: float = 120) -> dict:
         return json.loads(r.read())
 
 
-# (build, extra flags). emb4 needs plugins/vllm_cpu_int4_embedding installed in this venv;
-# text-kv is the layout with k_proj/v_proj/k_norm present for the KV-shared layers.
-CASES = [
-    ("w4a16", ["--language-model-only"]),
-    ("text", []),
-    ("emb4", []),
-    ("w8a8", []),
-    ("text-kv", []),
-]
+def _token_id(key: str) -> int:
+    return int(key.removeprefix("token_id:"))
 
 
-@pytest.mark.parametrize(("build", "flags"), CASES, ids=[c[0] for c in CASES])
-def test_build_serves_a_chat_completion(builds, build, flags, tmp_path):
-    with serve(builds[build], build, tmp_path / "vllm.log", extra_args=flags) as url:
+@dataclass(frozen=True)
+class Comparison:
+    tokens: list[int]  # the served greedy continuation
+    argmax_differs: list[int]  # prompt positions whose served top-1 is not the reference's
+    entries: int
+    max: float
+    mean: float
+
+    def problems(self, ref: Reference, tol: Tolerance) -> list[str]:
+        out = []
+        if self.tokens != ref.tokens:
+            out.append(f"greedy tokens {self.tokens} != reference {ref.tokens}")
+        if self.argmax_differs:
+            out.append(f"top-1 differs at prompt positions {self.argmax_differs}")
+        if self.max > tol.max:
+            out.append(f"max |logprob diff| {self.max:.3f} > {tol.max}")
+        if self.mean > tol.mean:
+            out.append(f"mean |logprob diff| {self.mean:.4f} > {tol.mean}")
+        return out
+
+
+def compare(url: str, name: str, ref: Reference) -> Comparison:
+    """Greedy completion of PROMPT's ids (no template, so both sides see the same tokens)."""
+    body = {
+        "model": name,
+        "prompt": PROMPT,
+        "max_tokens": NEW_TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,
+        "logprobs": TOP_K,
+        "prompt_logprobs": TOP_K,
+        "return_tokens_as_token_ids": True,
+    }
+    choice = _post(f"{url}/v1/completions", body)["choices"][0]
+    tokens = [_token_id(t) for t in choice["logprobs"]["tokens"]]
+    diffs, argmax_differs = [], []
+    # prompt_logprobs[i] is about PROMPT[i] given what precedes it: reference row i - 1.
+    for i, entry in enumerate(choice["prompt_logprobs"][1:], start=1):
+        row = ref.logprobs[i - 1]
+        diffs += [abs(v["logprob"] - float(row[int(t)])) for t, v in entry.items()]
+        top1 = next(int(t) for t, v in entry.items() if v["rank"] == 1)
+        if top1 != int(row.argmax()):
+            argmax_differs.append(i)
+    for k, top in enumerate(choice["logprobs"]["top_logprobs"]):
+        row = ref.logprobs[len(PROMPT) - 1 + k]
+        diffs += [abs(lp - float(row[_token_id(t)])) for t, lp in top.items()]
+    assert len(diffs) >= (len(PROMPT) - 1 + NEW_TOKENS) * TOP_K, len(diffs)
+    return Comparison(tokens, argmax_differs, len(diffs), max(diffs), sum(diffs) / len(diffs))
+
+
+@pytest.mark.parametrize(("build", "dtype", "flags"), CASES, ids=[c[0] for c in CASES])
+def test_build_serves_a_chat_completion_and_its_source_model(
+    builds, reference, build, dtype, flags, tmp_path
+):
+    with serve(builds[build], build, tmp_path / "vllm.log", extra_args=flags, dtype=dtype) as url:
         body = {
             "model": build,
             "messages": [{"role": "user", "content": "Hello"}],
@@ -44,3 +179,46 @@ def test_build_serves_a_chat_completion(builds, build, flags, tmp_path):
         assert r["usage"]["completion_tokens"] == 8, r
         assert r["choices"][0]["finish_reason"] == "length"
         assert isinstance(r["choices"][0]["message"]["content"], str)
+        if build in SAME_WEIGHTS:  # the same server start: what it serves is the source's model
+            got = compare(url, build, reference)
+            print(f"{build} ({dtype}): {got}")  # the figures, in the log with -rP
+            assert got.problems(reference, TOLERANCE[dtype]) == [], got
+
+
+@pytest.fixture(scope="module")
+def w4a16_gate_x15(builds, tmp_path_factory) -> Path:
+    """The w4a16 build with layer 0's gate_proj weight_scale times 1.5: wrong weights, served fine.
+
+    gate_proj, because its output goes through GELU: a whole down_proj, up_proj or o_proj scaled
+    by 1.5 changes nothing served, since Gemma normalizes those outputs (post-norms), and q/k/v
+    have their own norms.
+    """
+    from safetensors.torch import load_file, save_file
+
+    out = tmp_path_factory.mktemp("perturbed") / "w4a16-gate-x1.5"
+    shutil.copytree(builds["w4a16"], out)
+    name = "model.language_model.layers.0.mlp.gate_proj.weight_scale"
+    shard = out / json.loads((out / "model.safetensors.index.json").read_text())["weight_map"][name]
+    tensors = load_file(shard)
+    tensors[name] = (tensors[name].float() * 1.5).to(tensors[name].dtype)
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    return out
+
+
+@pytest.mark.parametrize("case", ["bf16-source", "w4a16-gate-x1.5"])
+def test_served_float16_matches_the_reference_only_with_the_right_weights(
+    builds, reference, w4a16_gate_x15, case, tmp_path
+):
+    # The bf16 source itself, served: qat-kv, the release layout plus k_proj/v_proj/k_norm for the
+    # KV-shared layers (vLLM's CPU build refuses a checkpoint without those k_norms; the layers
+    # read their K/V from earlier layers, so the extra tensors change no output). Then the control:
+    # the same comparison must catch a build whose weights are wrong.
+    model = builds["qat-kv"] if case == "bf16-source" else w4a16_gate_x15
+    tol = TOLERANCE["float16"]
+    with serve(model, case, tmp_path / "vllm.log", extra_args=LM_ONLY, dtype="float16") as url:
+        got = compare(url, case, reference)
+    print(f"{case} (float16): {got}")
+    if case == "bf16-source":
+        assert got.problems(reference, tol) == [], got
+    else:
+        assert got.mean > 2 * tol.mean and got.max > tol.max, got

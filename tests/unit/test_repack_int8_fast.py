@@ -1,4 +1,5 @@
-"""The compiled int8 quantizer (int8_fast) equals its torch reference exactly."""
+"""The int8 quantizer (int8_fast): the compiled kernel equals its torch reference exactly, and every
+dtype's path gives the documented result, checked against values written out in this file."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 from repack import int8_fast
+from repack.torch_bf16 import bits
 
 
 def _same(w: torch.Tensor) -> None:
@@ -45,6 +47,46 @@ def test_compiled_path_runs_and_non_finite_falls_back():
     _same(w[:1])
 
 
-def test_other_dtypes_use_the_reference():
-    w = torch.randn((4, 64), dtype=torch.float32)
-    _same(w)
+def _written_out(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """The documented result, computed here in numpy float32 without repack's code.
+
+    scale = amax / 127 per row (1 for an all-zero row); q = clamp(round half to even(w / scale),
+    -127, 127); the error is the largest |q * scale - w|.
+    """
+    x = w.astype(np.float32)
+    amax = np.abs(x).max(axis=1, keepdims=True)
+    scale = np.where(amax > 0, amax / np.float32(127), np.float32(1)).astype(np.float32)
+    q = np.clip(np.rint(x / scale), -127, 127).astype(np.int8)
+    err = float(np.abs(q.astype(np.float32) * scale - x).max())
+    return q, scale, err
+
+
+def test_written_out_expectation_on_values_worked_by_hand():
+    # Row 0: amax 127 -> scale 1; 63.5 and 0.5 are ties (to even: 64 and 0), 1.5 -> 2.
+    # Row 1: all zero -> scale 1, q 0. Row 2: amax 2.54 -> scale 0.02; -2.54 -> -127.
+    w = np.array([[-127.0, 63.5, 0.5, 1.5], [0, 0, 0, 0], [-2.54, 0, 0, 0]], np.float32)
+    q, scale, err = _written_out(w)
+    assert q.tolist() == [[-127, 64, 0, 2], [0, 0, 0, 0], [-127, 0, 0, 0]]
+    assert scale[:2, 0].tolist() == [1.0, 1.0] and scale[2, 0] == np.float32(2.54) / np.float32(127)
+    assert err == 0.5
+
+
+@pytest.mark.parametrize(
+    ("dtype", "storage"), [(torch.float32, "F32"), (torch.float16, "F16"), (torch.bfloat16, "BF16")]
+)
+def test_every_dtype_gives_the_documented_result(dtype, storage):
+    # float32 and float16 rows skip the compiled kernel (bf16 rows take it); every path must give
+    # amax/127 scales and round-half-to-even levels, checked against a value written out here.
+    gen = torch.Generator().manual_seed(2)
+    w = (torch.randn((6, 64), generator=gen) * 0.03).to(dtype)
+    w[1] = 0  # an all-zero row: scale 1
+    # Exact ties in every dtype: scale 2**-6, so w / scale is exactly 63.5, 0.5, 1.5, 2.5.
+    w[2] = 0
+    w[2, :5] = torch.tensor([-127.0, 63.5, 0.5, 1.5, 2.5]) * 2**-6
+    want_q, want_s, want_e = _written_out(w.float().numpy())
+    q, s, e = int8_fast.quantize(w)
+    assert q.dtype == torch.int8 and s.dtype == torch.float32
+    assert np.array_equal(q.numpy(), want_q) and np.array_equal(s.numpy(), want_s) and e == want_e
+    # What the converters call: the numpy storage of a safetensors tensor of that dtype.
+    aq, as_, ae = int8_fast.quantize_array(bits(w) if storage == "BF16" else w.numpy(), storage)
+    assert np.array_equal(aq, want_q) and np.array_equal(as_, want_s) and ae == want_e

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -59,39 +58,70 @@ def test_jobs_must_be_positive(qat, tmp_path, capsys):
 
 
 def test_bounded_map_keeps_at_most_jobs_running_and_yields_everything():
-    running = 0
-    peak = 0
+    # No sleeps: a barrier of `jobs` parties makes every call wait until `jobs` calls are inside
+    # at once, so the test completes only if bounded_map really runs `jobs` side by side (a
+    # serial map breaks the barrier: its timeout is a deadlock guard, not a measurement). The
+    # bound is counted where it is decided: items pulled from the source minus results handled.
+    jobs, n = 3, 39  # a multiple of jobs, so the last round of the barrier fills too
+    barrier = threading.Barrier(jobs, timeout=60)
     lock = threading.Lock()
+    running = peak = pulled = handled = 0
+    in_flight_at_pull: list[int] = []
+
+    def items():
+        nonlocal pulled
+        for i in range(n):
+            pulled += 1
+            in_flight_at_pull.append(pulled - handled)
+            yield i
 
     def work(i: int) -> int:
         nonlocal running, peak
         with lock:
             running += 1
             peak = max(peak, running)
-        time.sleep(0.005)
+        barrier.wait()
         with lock:
             running -= 1
         return i * i
 
-    got = dict(bounded_map(work, range(40), 3))
-    assert got == {i: i * i for i in range(40)}
-    assert 1 < peak <= 3
+    got = {}
+    for i, sq in bounded_map(work, items(), jobs):
+        got[i] = sq
+        handled += 1
+    assert got == {i: i * i for i in range(n)}
+    assert max(in_flight_at_pull) == jobs  # never more than jobs taken and not yet handled
+    assert peak == jobs  # the barrier needs jobs inside at once; the pool allows no more
 
 
-def test_bounded_map_raises_the_first_error_and_stops_submitting():
-    started = []
+def test_bounded_map_raises_the_first_error_and_stops_submitting(monkeypatch):
+    # No sleeps: item 1 finishes only after item 0's failure is recorded in its future, so the
+    # first wait in bounded_map always sees the failure; from then on no item may be taken.
+    futures = []
+
+    class Recording(pipeline.ThreadPoolExecutor):
+        def submit(self, fn, /, *args, **kwargs):
+            futures.append(super().submit(fn, *args, **kwargs))
+            return futures[-1]
+
+    monkeypatch.setattr(pipeline, "ThreadPoolExecutor", Recording)
+    pulled = []
+
+    def items():
+        for i in range(1000):
+            pulled.append(i)
+            yield i
 
     def work(i: int) -> int:
-        started.append(i)
-        if i == 2:
-            raise ValueError("chunk 2 is bad")
-        time.sleep(0.01)
+        if i == 0:
+            raise ValueError("chunk 0 is bad")
+        futures[0].exception(timeout=60)  # waits for item 0's future; the timeout guards a hang
         return i
 
-    with pytest.raises(ValueError, match="chunk 2 is bad"):
-        for _ in bounded_map(work, range(1000), 2):
+    with pytest.raises(ValueError, match="chunk 0 is bad"):
+        for _ in bounded_map(work, items(), 2):
             pass
-    assert len(started) < 20  # the rest were never submitted
+    assert pulled == [0, 1]  # the two first slots, and nothing after the failure
 
 
 def test_bounded_map_takes_the_next_item_only_after_a_finished_one_was_handled():
