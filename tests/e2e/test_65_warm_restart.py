@@ -41,7 +41,9 @@ def test_a_cold_start_is_restarted_once_and_both_kv_sizes_reported(local_rig, tm
     assert run.rc == 0, run.output[-4000:]
     after = unit_started_at(local_rig.container)
     assert after != before
-    assert run.output.count("TASK [vllm_service : Restart vLLM (the previous start compiled from scratch)]") == 1
+    assert (
+        run.output.count("TASK [vllm_service : Restart vLLM (the previous start compiled from scratch)]") == 1
+    )
     found = re.search(r"KV cache tokens: cold start ([0-9,]+), after the restart ([0-9,]+)", run.output)
     assert found, run.output[-3000:]
     assert all(int(n.replace(",", "")) > 0 for n in found.groups())
