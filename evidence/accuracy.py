@@ -28,6 +28,26 @@ class AccuracyError(RuntimeError):
     """Bad input or an endpoint that does not answer as expected; the message says which."""
 
 
+# Headers every request sends: the bearer token, when --api-key-env-file names a file holding one.
+AUTH_HEADERS: dict[str, str] = {}
+
+
+def api_key_from_env_file(path: Path) -> str:
+    """VLLM_API_KEY from a systemd EnvironmentFile such as the rig's tpu.env ("" when absent).
+
+    Read from the file rather than taken as an argument or from the environment that Ansible sets:
+    both would put the key into a command line that `ps` shows.
+    """
+    for line in path.read_text().splitlines():
+        key, sep, value = line.strip().partition("=")
+        if sep and key.strip() == "VLLM_API_KEY":
+            value = value.strip()
+            if len(value) >= 2 and value[0] == value[-1] == '"':
+                value = value[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+            return value
+    return ""
+
+
 def load_records(path: Path) -> list[dict[str, Any]]:
     """Read and check a JSONL of multiple-choice records; errors name the line."""
     if not path.is_file():
@@ -61,7 +81,9 @@ def load_records(path: Path) -> list[dict[str, Any]]:
 
 def _post(url: str, path: str, payload: dict[str, Any], timeout: float) -> Any:
     req = urllib.request.Request(
-        url.rstrip("/") + path, json.dumps(payload).encode(), {"Content-Type": "application/json"}
+        url.rstrip("/") + path,
+        json.dumps(payload).encode(),
+        {"Content-Type": "application/json", **AUTH_HEADERS},
     )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
@@ -75,7 +97,8 @@ def _post(url: str, path: str, payload: dict[str, Any], timeout: float) -> Any:
 def discover_model(url: str, timeout: float = 30.0) -> str:
     """The first model /v1/models lists."""
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=timeout) as resp:
+        req = urllib.request.Request(url.rstrip("/") + "/v1/models", headers=AUTH_HEADERS)
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
             data = json.loads(resp.read())["data"]
     except (urllib.error.URLError, OSError, KeyError, ValueError) as exc:
         raise AccuracyError(f"cannot list models at {url}/v1/models: {exc}") from exc
@@ -212,7 +235,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-boot", type=int, default=10_000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, help="write the result (or scores, with --score) as JSON here")
+    ap.add_argument("--api-key-env-file", type=Path,
+                    help="send VLLM_API_KEY from this EnvironmentFile (the rig's tpu.env) as a bearer token")  # fmt: skip
     args = ap.parse_args(argv)
+    if args.api_key_env_file:
+        try:
+            key = api_key_from_env_file(args.api_key_env_file)
+        except OSError as exc:
+            ap.error(f"--api-key-env-file: {exc}")
+        if key:
+            AUTH_HEADERS["Authorization"] = f"Bearer {key}"
     if not args.score and not (args.a and args.b):
         ap.error("give --a and --b (paired comparison) or --score URL --out FILE")
     if args.score and not args.out:

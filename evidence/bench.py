@@ -38,6 +38,26 @@ class BenchError(RuntimeError):
     """A request failed; the message says how."""
 
 
+# Headers every request sends: the bearer token, when --api-key-env-file names a file holding one.
+AUTH_HEADERS: dict[str, str] = {}
+
+
+def api_key_from_env_file(path: Path) -> str:
+    """VLLM_API_KEY from a systemd EnvironmentFile such as the rig's tpu.env ("" when absent).
+
+    Read from the file rather than taken as an argument or from the environment that Ansible sets:
+    both would put the key into a command line that `ps` shows.
+    """
+    for line in path.read_text().splitlines():
+        key, sep, value = line.strip().partition("=")
+        if sep and key.strip() == "VLLM_API_KEY":
+            value = value.strip()
+            if len(value) >= 2 and value[0] == value[-1] == '"':
+                value = value[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+            return value
+    return ""
+
+
 def _conn(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
     u = urllib.parse.urlsplit(url)
     cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
@@ -48,7 +68,7 @@ def get_json(url: str, path: str, timeout: float = 30.0) -> Any:
     """GET ``url + path`` and decode the JSON body."""
     conn, base = _conn(url, timeout)
     try:
-        conn.request("GET", base + path)
+        conn.request("GET", base + path, headers=AUTH_HEADERS)
         resp = conn.getresponse()
         body = resp.read()
         if resp.status != 200:
@@ -85,7 +105,10 @@ def one_request(url: str, model: str, prompt: list[int], output_len: int, timeou
     usage: dict[str, int] = {}
     try:
         conn.request(
-            "POST", base + "/v1/completions", json.dumps(payload), {"Content-Type": "application/json"}
+            "POST",
+            base + "/v1/completions",
+            json.dumps(payload),
+            {"Content-Type": "application/json", **AUTH_HEADERS},
         )
         resp = conn.getresponse()
         if resp.status != 200:
@@ -331,8 +354,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=1800.0, help="per-request timeout in seconds")
     ap.add_argument("--no-sweep", action="store_true", help="only the decode check")
+    ap.add_argument("--api-key-env-file", type=Path,
+                    help="send VLLM_API_KEY from this EnvironmentFile (the rig's tpu.env) as a bearer token")  # fmt: skip
     ap.add_argument("--out", type=Path, required=True, help="JSON file to write")
     args = ap.parse_args(argv)
+    if args.api_key_env_file:
+        try:
+            key = api_key_from_env_file(args.api_key_env_file)
+        except OSError as exc:
+            ap.error(f"--api-key-env-file: {exc}")
+        if key:
+            AUTH_HEADERS["Authorization"] = f"Bearer {key}"
 
     vocab = args.vocab_size or (vocab_from_model_dir(args.model_dir) if args.model_dir else None)
     if not vocab or vocab <= 10:

@@ -42,10 +42,32 @@ options:
     elements: str
     default: ["8000"]
   source_ranges:
-    description: CIDR ranges admitted. Required with O(state=present); V(0.0.0.0/0) is refused.
+    description:
+      - CIDR ranges admitted, IPv4 or IPv6, each in canonical form (C(203.0.113.0/24), not
+        C(203.0.113.7/24) or C(0203.0.113.0/24)). Required with O(state=present).
+      - A range covering every address (prefix length 0 however it is written, V(0.0.0.0/0),
+        V(::/0), V(0.0.0.0/00)) or broader than O(min_prefix_v4) / O(min_prefix_v6) is refused
+        unless O(allow_world=true). An IPv4-mapped IPv6 range counts as IPv4.
+      - Checked before any request is sent.
     type: list
     elements: str
     default: []
+  min_prefix_v4:
+    description: The broadest IPv4 range admitted, as a prefix length (V(8) admits a /8, refuses a /7).
+    type: int
+    default: 8
+  min_prefix_v6:
+    description: The broadest IPv6 range admitted, as a prefix length.
+    type: int
+    default: 32
+  allow_world:
+    description: Admit ranges of any size, the whole internet included. Say so only on purpose.
+    type: bool
+    default: false
+  validate_only:
+    description: Check the arguments (O(source_ranges) above all) and return; no request is sent.
+    type: bool
+    default: false
   target_tags:
     description: Network tags of the VMs the rule applies to.
     type: list
@@ -88,6 +110,7 @@ rule:
   type: dict
 """
 
+import ipaddress
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
@@ -100,6 +123,32 @@ from ansible.module_utils.gce_client import (
 from ansible.module_utils.gce_errors import GceError, exception_to_error
 from ansible.module_utils.gce_operations import call_and_wait, get_or_none
 from ansible.module_utils.gce_retry import make_retry
+
+
+def range_error(text: str, min_prefix_v4: int, min_prefix_v6: int, allow_world: bool) -> str | None:
+    """Why ``text`` may not be a source range, or None. Python's ipaddress decides what it means."""
+    try:
+        net = ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        return f"source range {text!r} is not an IPv4 or IPv6 CIDR range"
+    version, prefix, floor = net.version, net.prefixlen, min_prefix_v4 if net.version == 4 else min_prefix_v6
+    if net.version == 6 and net.network_address.ipv4_mapped is not None and prefix >= 96:
+        version, prefix, floor = 4, prefix - 96, min_prefix_v4  # ::ffff:0.0.0.0/96 is all of IPv4
+    if prefix == 0 and not allow_world:
+        return (
+            f"source range {text!r} is every IPv{version} address: it would open the endpoint to the "
+            "whole internet; list your ranges (or set allow_world / gce_endpoint_allow_world: true)"
+        )
+    if prefix < floor and not allow_world:
+        return (
+            f"source range {text!r} is broader than /{floor}, the broadest IPv{version} range allowed "
+            f"(min_prefix_v{version} / gce_endpoint_min_prefix_v{version})"
+        )
+    if str(net) != text:
+        # One spelling per range, so the firewall rule, the unit's IPAddressAllow and systemd's
+        # own listing of it compare as plain text.
+        return f"source range {text!r} is not in canonical form: write {str(net)!r}"
+    return None
 
 
 def summarize(rule: dict[str, Any] | None) -> dict[str, Any]:
@@ -127,17 +176,26 @@ def main() -> None:
         target_tags={"type": "list", "elements": "str", "default": []},
         description={"type": "str", "default": "Managed by gemma-rig"},
         operation_timeout={"type": "int", "default": 300},
+        min_prefix_v4={"type": "int", "default": 8},
+        min_prefix_v6={"type": "int", "default": 32},
+        allow_world={"type": "bool", "default": False},
+        validate_only={"type": "bool", "default": False},
     )
     module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
-    if not HAS_GOOGLE:
-        module.fail_json(msg=missing_required_lib("google-cloud-compute"), exception=str(IMPORT_ERROR))
     p = module.params
+    # Every check before any client exists, so a refused range sends no request at all.
+    if not 0 <= p["min_prefix_v4"] <= 32 or not 0 <= p["min_prefix_v6"] <= 128:
+        module.fail_json(msg="min_prefix_v4 must be 0-32 and min_prefix_v6 0-128")
     if p["state"] == "present" and not p["source_ranges"]:
         module.fail_json(msg="source_ranges must list the CIDR ranges to admit")
-    if "0.0.0.0/0" in p["source_ranges"]:
-        module.fail_json(
-            msg="source_ranges 0.0.0.0/0 would open the endpoint to the whole internet; list ranges"
-        )
+    for text in p["source_ranges"]:
+        error = range_error(text, p["min_prefix_v4"], p["min_prefix_v6"], p["allow_world"])
+        if error:
+            module.fail_json(msg=error, source_range=text)
+    if p["validate_only"]:
+        module.exit_json(changed=False, source_ranges=p["source_ranges"])
+    if not HAS_GOOGLE:
+        module.fail_json(msg=missing_required_lib("google-cloud-compute"), exception=str(IMPORT_ERROR))
     from google.cloud import compute_v1
 
     try:
