@@ -188,6 +188,8 @@ def test_an_unreadable_journal_never_keeps_vllm_down(rig: Rig) -> None:
 
 def test_switch_refuses_a_target_without_a_checkpoint(rig: Rig) -> None:
     rig.run("begin", "--from", "old", "--to", "new")
-    res = rig.run("switch", "--to-target", str(rig.root / "models"), "--env-next", str(rig.root / "tpu.env.to"))
+    res = rig.run(
+        "switch", "--to-target", str(rig.root / "models"), "--env-next", str(rig.root / "tpu.env.to")
+    )
     assert res.returncode == 2 and "holds no checkpoint" in res.stderr
     assert rig.serves()[1] == OLD_ENV and rig.calls == []

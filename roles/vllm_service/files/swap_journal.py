@@ -195,12 +195,12 @@ def cmd_guard(journal: Journal, args: argparse.Namespace) -> int:
     if data["phase"] == "switching" and data.get("trial_boot_id") == boot_id():
         data.update(phase="trial", trial_invocation=os.environ.get("INVOCATION_ID", ""))
         journal.write(data)
-        print(f"swap-guard: trial start of {data['to']} (swap {data['from']} -> {data['to']})", file=sys.stderr)
+        print(
+            f"swap-guard: trial start of {data['to']} (swap {data['from']} -> {data['to']})", file=sys.stderr
+        )
         return 0
     why = (
-        "its trial start was already used"
-        if data["phase"] == "trial"
-        else "it was switched in another boot"
+        "its trial start was already used" if data["phase"] == "trial" else "it was switched in another boot"
     )
     changed = journal.restore(data)
     data.update(phase="reverted", reverted_because=f"an unverified start of {data['to']} ({why})")
