@@ -1,0 +1,58 @@
+"""The shared local rig as docs/rig-contract.md describes it: tpu.env's owner, mode and keys, the
+user vLLM runs as, and the unit's hardening score.
+
+These checks lived in the molecule scenario `local`, which stood up a second, identical rig only
+to make them; the e2e rig that site.yml stands up is the same Debian 12 container with the same
+roles, so they run on it instead (the clamp refusal: test_30_swap_crash's start-limit test, and molecule `gce`).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.e2e.rig import podman
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+ENV_FILE = "/etc/gemma-rig/tpu.env"
+MAX_EXPOSURE = 3.0  # systemd-analyze security's scale: 0 (locked down) to 10 (exposed)
+
+
+def rig_exec(container: str, *cmd: str) -> str:
+    result = podman("exec", container, *cmd)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_tpu_env_is_root_owned_and_readable_by_the_service_only(local_rig) -> None:
+    stat = rig_exec(local_rig.container, "stat", "-c", "%a %U %G", ENV_FILE).split()
+    assert stat == ["640", "root", "vllm"]
+
+
+def test_tpu_env_holds_the_contract_keys(local_rig) -> None:
+    lines = rig_exec(local_rig.container, "cat", ENV_FILE).splitlines()
+    for wanted in (
+        "RIG_MODEL=/opt1/models/current",
+        f"RIG_SERVED_MODEL_NAME={local_rig.model}",
+        f"RIG_MODEL_KEY={local_rig.model}",
+        f"RIG_PORT={local_rig.port}",
+        "RIG_HOST=127.0.0.1",
+    ):
+        assert wanted in lines, (wanted, lines)
+    assert len([line for line in lines if re.match(r"^RIG_EXTRA_ARGS=.*--enforce-eager", line)]) == 1
+
+
+def test_vllm_runs_as_its_own_user(local_rig) -> None:
+    pid = rig_exec(local_rig.container, "systemctl", "show", "-p", "MainPID", "--value", "vllm").strip()
+    assert pid not in ("", "0"), "vllm.service has no main process"
+    assert rig_exec(local_rig.container, "ps", "-o", "user=", "-p", pid).strip() == "vllm"
+
+
+def test_the_unit_is_hardened(local_rig, figure) -> None:
+    report = rig_exec(local_rig.container, "systemd-analyze", "security", "--no-pager", "vllm.service")
+    found = re.search(r"Overall exposure level for vllm.service: ([0-9.]+)", report)
+    assert found, report[-2000:]
+    figure("systemd-analyze security, vllm.service exposure", found[1])
+    assert float(found[1]) <= MAX_EXPOSURE, report[-3000:]
