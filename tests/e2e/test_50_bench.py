@@ -16,6 +16,7 @@ from evidence.mcdata import DEFAULT_OUT
 from evidence.report import validate
 from tests.ansible_run import run_playbook
 from tests.bench_grid import REDUCED_GRID
+from tests.e2e.rig import served_models
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -34,14 +35,19 @@ def test_bench_on_the_local_rig_records_a_run(local_rig, tmp_path: Path, figure)
     out = runs / "local-e2e"
     rec = json.loads((out / "run.json").read_text())
     validate(rec)
-    assert rec["hardware"]["platform"] == "local" and rec["model"]["key"] == local_rig.model
+    assert rec["hardware"]["platform"] == "local"
+    # Labelled with what the rig serves (tpu.env's key, as vLLM lists it), not the inventory's model.
+    assert rec["model"]["key"] == rec["model"]["served_name"] == served_models(local_rig.port)[0]
+    assert rec["model"]["key"] == local_rig.model  # test_20_fleet put tiny-emb4 back
     assert rec["provenance"]["kind"] == "measured"
     # From the unit's journal (this start only): version, KV cache, the tiny model's settings.
     assert rec["software"]["vllm_version"] == "0.29.0"
     assert rec["memory"]["kv_cache_tokens"] > 0
     assert rec["software"]["non_default_args"]["max_num_seqs"] == 4
     assert rec["software"]["server_settings"]["RIG_MAX_NUM_SEQS"] == "4"
-    assert rec["bench"]["prefix_caching"] in (True, False)  # the engine's resolved setting, read from the log
+    # The engine's resolved setting, read from the log: the rig passes no prefix-caching flag, so
+    # vLLM's default (on) is what the engine ran with; None would mean the line was not read.
+    assert rec["bench"]["prefix_caching"] is True
     cells = {(c["input_len"], c["concurrency"]): c for c in rec["bench"]["cells"]}
     assert len(cells) == 6
     assert cells[(128, 1)]["status"] == "ok" and cells[(128, 2)]["status"] == "ok"
