@@ -21,7 +21,7 @@ from typing import TypeVar
 import numpy as np
 from tqdm import tqdm
 
-from repack import __version__, scratch
+from repack import __version__, scratch, verbatim
 from repack.finite import NonFiniteError
 from repack.outdir import atomic_dir, check_apart, link_or_copy
 from repack.st_io import CheckpointError, ShardWriter, Source
@@ -231,8 +231,11 @@ def spread(queues: list[list[T]], size: Callable[[T], int], running: list[int]) 
         yield i, item
 
 
-def _write_shards(src: Source, shards: list[tuple[Path, list[Unit]]], bar: tqdm, jobs: int) -> None:
+def _write_shards(src: Source, shards: list[tuple[Path | None, list[Unit]]], bar: tqdm, jobs: int) -> None:
     """Write the output shards that hold converted tensors, all with one pool of workers.
+
+    An entry without a path holds check units (repack.verbatim): their chunks are read and
+    tested, not written, by the same workers.
 
     Each chunk is written at its offset as soon as it is converted. The next task comes from
     the shard with the fewest tasks running (then the most bytes left), so workers mostly
@@ -240,7 +243,7 @@ def _write_shards(src: Source, shards: list[tuple[Path, list[Unit]]], bar: tqdm,
     waiting one spins (on a 2-CPU host about 9% of the CPU time of a one-pass build went there).
     """
     running = [0] * len(shards)
-    writers: list[ShardWriter] = []
+    writers: list[ShardWriter | None] = []
 
     def work(item: tuple[int, Task]) -> int:
         i, (u, start, stop) = item
@@ -249,8 +252,10 @@ def _write_shards(src: Source, shards: list[tuple[Path, list[Unit]]], bar: tqdm,
         except NonFiniteError as exc:
             raise CheckpointError(exc.describe(src.where(u.src), max(start, 0))) from exc  # type: ignore[arg-type]
 
-    def convert(w: ShardWriter, u: Unit, start: int, stop: int) -> int:
-        if start < 0:
+    def convert(w: ShardWriter | None, u: Unit, start: int, stop: int) -> int:
+        if w is None:  # a check unit: it writes nothing, its produce raises on NaN or Inf
+            u.produce(max(start, 0), stop)
+        elif start < 0:
             info = src.tensors[u.src]  # type: ignore[index]
             lo, _ = w.offsets[u.outs[0].name]
             _copy_range(src.fd(info.shard), info.start, w.fd, w.data_start + lo, info.nbytes, str(info.shard))
@@ -265,7 +270,8 @@ def _write_shards(src: Source, shards: list[tuple[Path, list[Unit]]], bar: tqdm,
 
     try:
         for path, units in shards:
-            writers.append(ShardWriter(path, [(o.name, o.dtype, o.shape) for u in units for o in u.outs]))
+            specs = [(o.name, o.dtype, o.shape) for u in units for o in u.outs]
+            writers.append(None if path is None else ShardWriter(path, specs))
         tasks = spread([list(_tasks(src, units, CHUNK_BYTES)) for _, units in shards], _task_bytes, running)
         hold = _hold_after()
         # closing: on any exception here (a signal, see repack.cli), the pool stops and waits for
@@ -278,7 +284,8 @@ def _write_shards(src: Source, shards: list[tuple[Path, list[Unit]]], bar: tqdm,
                     _hold()
     finally:
         for w in writers:
-            w.close()
+            if w is not None:
+                w.close()
 
 
 HOLD_ENV = "REPACK_TEST_HOLD_AFTER_CHUNKS"
@@ -325,6 +332,17 @@ def _whole_shard(src: Source, shard: str, units: list[Unit]) -> bool:
     path = src.path / shard
     names = [i.name for i in sorted(src.tensors.values(), key=lambda t: t.start) if i.shard == path]
     return all(u.passthrough for u in units) and [u.src for u in units] == names
+
+
+def _checks(shards: list[tuple[str, list[Unit]]]) -> list[tuple[None, list[Unit]]]:
+    """Per shard, the check units of the float tensors written as they are, copied or linked
+    (the quantizing kernels check the others): a NaN in a copied table is refused, not served."""
+    out: list[tuple[None, list[Unit]]] = []
+    for _, us in shards:
+        cs = [c for c in map(verbatim.check_unit, us) if c is not None]
+        if cs:
+            out.append((None, cs))
+    return out
 
 
 def step_names(steps: list[Step]) -> list[str]:
@@ -377,6 +395,7 @@ def run(
     summary = Summary(steps=step_names(steps))
     shards = _plan_shards(src, units)
     total_in = sum(u.src_bytes for _, us in shards for u in us)
+    checks = _checks(shards)
     with atomic_dir(out, force=force) as tmp:
         names = (
             ["model.safetensors"]
@@ -386,7 +405,12 @@ def run(
         weight_map: dict[str, str] = {}
         converted: list[tuple[Path, list[Unit]]] = []
         with tqdm(
-            total=total_in, unit="B", unit_scale=True, desc=label or "convert", disable=quiet, file=sys.stderr
+            total=total_in + sum(u.src_bytes for _, us in checks for u in us),
+            unit="B",
+            unit_scale=True,
+            desc=label or "convert",
+            disable=quiet,
+            file=sys.stderr,
         ) as bar:
             for (shard, us), fname in zip(shards, names, strict=True):
                 dst = tmp / fname
@@ -402,7 +426,7 @@ def run(
                     converted.append((dst, us))
                 for u in us:
                     weight_map.update(dict.fromkeys((o.name for o in u.outs), fname))
-            _write_shards(src, converted, bar, jobs)
+            _write_shards(src, [*converted, *checks], bar, jobs)
         summary.tensors_converted = sum(u.converted and u.src is not None for _, us in converted for u in us)
         summary.bytes_out = sum((tmp / fname).stat().st_size for fname in names)
         summary.bytes_in = total_in

@@ -32,6 +32,7 @@ from repack import embed_int4, make_tiny_qat, repack_q4_0, text_only, w8a8_from_
 from tests.unit.repack_micro import (
     LM,
     SHARD,
+    TOWER,
     TOWER_SHARD,
     Q,
     edit_entry,
@@ -120,6 +121,20 @@ def value(v: float, name: str = Q, row: int = 3, col: int = 7) -> Make:
     return make
 
 
+def value_at(v: float, name: str, i: int, shard: str = SHARD) -> Make:
+    """Overwrite the ``i``-th value (flat) of a BF16 tensor of any shape (a norm is 1-D)."""
+
+    def make(src: Path, tmp: Path) -> None:
+        path = src / shard
+        head, _ = split(path)
+        start = 8 + len(head) + header(path)[name]["data_offsets"][0] + 2 * i
+        with open(path, "r+b") as f:
+            f.seek(start)
+            f.write(torch.tensor([v], dtype=torch.bfloat16).view(torch.uint8).numpy().tobytes())
+
+    return make
+
+
 def tensors(change: Callable[[dict], None], shard: str = SHARD) -> Make:
     def make(src: Path, tmp: Path) -> None:
         t = load_file(src / shard)
@@ -162,6 +177,17 @@ def _f32_nan(t: dict) -> None:
     w = t[Q].float()
     w[5, 9] = float("nan")
     t[Q] = w
+
+
+CLIP = TOWER.removesuffix("linear.weight") + "input_max"  # a clippable linear's bound: +Inf is no clip
+
+
+def _clip_bound(v: float) -> Make:
+    """The tower gets a clip bound of value ``v`` (in its shard and the index)."""
+    return both(
+        tensors(lambda t: t.update({CLIP: torch.tensor(v, dtype=torch.bfloat16)}), TOWER_SHARD),
+        index(lambda wm: wm.update({CLIP: TOWER_SHARD})),
+    )
 
 
 def _off_grid(t: dict) -> None:
@@ -323,6 +349,41 @@ INPUTS: list[tuple[str, tuple[str, ...], Make]] = [
     ("Inf in embed_tokens, embed_int4", E, value(float("inf"), f"{LM}embed_tokens.weight", 0, 0)),
     ("NaN, check", C, value(float("nan"))),
     ("NaN in an F32 linear", R, tensors(_f32_nan)),
+    # values of tensors written as they are (copied, renamed, linked): checked all the same
+    (
+        "NaN in a copied embed_tokens, --target text",
+        TEXT,
+        value(float("nan"), f"{LM}embed_tokens.weight", 5, 3),
+    ),
+    (
+        "Inf in a copied per-layer table, --target text",
+        TEXT,
+        value(float("inf"), f"{LM}embed_tokens_per_layer.weight", 60, 1),
+    ),
+    (
+        "NaN in a copied per-layer table, --target w8a8",
+        W8,
+        value(float("nan"), f"{LM}embed_tokens_per_layer.weight", 17, 0),
+    ),
+    (
+        "-Inf in a copied embed_tokens, --target w8a8",
+        W8,
+        value(float("-inf"), f"{LM}embed_tokens.weight", 63, 127),
+    ),
+    ("Inf in a copied embed_tokens, to W8A8", W, value(float("inf"), f"{LM}embed_tokens.weight", 9, 5)),
+    ("NaN in a copied norm, to W4A16", R, value_at(float("nan"), f"{LM}layers.1.self_attn.q_norm.weight", 4)),
+    (
+        "Inf in a copied norm, --target text",
+        TEXT,
+        value_at(float("inf"), f"{LM}layers.0.self_attn.k_norm.weight", 0),
+    ),
+    (
+        "NaN in a norm, text_only (renamed shard)",
+        T,
+        value_at(float("nan"), f"{LM}layers.0.self_attn.q_norm.weight", 31),
+    ),
+    ("NaN in a tower, to W4A16 (linked shard)", R, value_at(float("nan"), TOWER, 48 * 2 + 5, TOWER_SHARD)),
+    ("NaN in a tower's clip bound, to W4A16", R, _clip_bound(float("nan"))),
     ("one group off the Q4_0 grid", R, tensors(_off_grid)),
     ("one group off the Q4_0 grid, check", C, tensors(_off_grid)),
     ("an I32 linear", R, tensors(lambda t: t.update({Q: torch.zeros(64, 128, dtype=torch.int32)}))),
@@ -541,6 +602,46 @@ EXPECTED: dict[str, tuple[int, str]] = {
     "NaN in an F32 linear": (
         2,
         "repack_q4_0.py: error: SRC/model-00001-of-00002.safetensors: model.language_model.layers.0.self_attn.q_proj.weight holds NaN (first in row 5); non-finite weights are refused",
+    ),
+    "NaN in a copied embed_tokens, --target text": (
+        2,
+        "repack_q4_0.py build --target text: error: SRC/model-00001-of-00002.safetensors: model.language_model.embed_tokens.weight holds NaN (first in row 5); non-finite weights are refused",
+    ),
+    "Inf in a copied per-layer table, --target text": (
+        2,
+        "repack_q4_0.py build --target text: error: SRC/model-00001-of-00002.safetensors: model.language_model.embed_tokens_per_layer.weight holds Inf (first in row 60); non-finite weights are refused",
+    ),
+    "NaN in a copied per-layer table, --target w8a8": (
+        2,
+        "repack_q4_0.py build --target w8a8: error: SRC/model-00001-of-00002.safetensors: model.language_model.embed_tokens_per_layer.weight holds NaN (first in row 17); non-finite weights are refused",
+    ),
+    "-Inf in a copied embed_tokens, --target w8a8": (
+        2,
+        "repack_q4_0.py build --target w8a8: error: SRC/model-00001-of-00002.safetensors: model.language_model.embed_tokens.weight holds Inf (first in row 63); non-finite weights are refused",
+    ),
+    "Inf in a copied embed_tokens, to W8A8": (
+        2,
+        "w8a8_from_qat.py: error: SRC/model-00001-of-00002.safetensors: model.language_model.embed_tokens.weight holds Inf (first in row 9); non-finite weights are refused",
+    ),
+    "NaN in a copied norm, to W4A16": (
+        2,
+        "repack_q4_0.py: error: SRC/model-00001-of-00002.safetensors: model.language_model.layers.1.self_attn.q_norm.weight holds NaN (first in row 0); non-finite weights are refused",
+    ),
+    "Inf in a copied norm, --target text": (
+        2,
+        "repack_q4_0.py build --target text: error: SRC/model-00001-of-00002.safetensors: model.language_model.layers.0.self_attn.k_norm.weight holds Inf (first in row 0); non-finite weights are refused",
+    ),
+    "NaN in a norm, text_only (renamed shard)": (
+        2,
+        "text_only.py: error: SRC/model-00001-of-00002.safetensors: model.language_model.layers.0.self_attn.q_norm.weight holds NaN (first in row 0); non-finite weights are refused",
+    ),
+    "NaN in a tower, to W4A16 (linked shard)": (
+        2,
+        "repack_q4_0.py: error: SRC/model-00002-of-00002.safetensors: model.vision_tower.encoder.layers.0.mlp.up_proj.linear.weight holds NaN (first in row 2); non-finite weights are refused",
+    ),
+    "NaN in a tower's clip bound, to W4A16": (
+        2,
+        "repack_q4_0.py: error: SRC/model-00002-of-00002.safetensors: model.vision_tower.encoder.layers.0.mlp.up_proj.input_max holds NaN (first in row 0); non-finite weights are refused",
     ),
     "one group off the Q4_0 grid": (
         3,
