@@ -3,7 +3,7 @@ user vLLM runs as, and the unit's hardening score.
 
 These checks lived in the molecule scenario `local`, which stood up a second, identical rig only
 to make them; the e2e rig that site.yml stands up is the same Debian 12 container with the same
-roles, so they run on it instead (the clamp refusal: test_30_swap_crash's start-limit test, and molecule `gce`).
+roles, so they run on it instead (the clamp refusal: test_90_swap_crash's start-limit test, and molecule `gce`).
 """
 
 from __future__ import annotations

@@ -54,6 +54,19 @@ def test_rolling_swap_updates_one_rig_at_a_time(fleet) -> None:
     assert started_seconds("gemma-rig-b") > started_seconds("gemma-rig")
 
 
+def test_query_and_status_follow_the_served_model(fleet, local_rig) -> None:
+    """After the rolling swap rig-local serves tiny-w8a8 while the inventory says tiny-emb4:
+    query.yml asks the served model (not a 404 for the inventory's) and status.yml says which
+    it is and that the inventory differs. (Once its own file, which swapped there and back.)"""
+    assert served_models(local_rig.port) == ["tiny-w8a8"]
+    query = run_playbook("playbooks/query.yml", "-e", "max_tokens=16")
+    assert query.rc == 0, query.output[-6000:]
+    assert "tiny-w8a8: " in query.output and "does not exist" not in query.output
+    status = run_playbook("playbooks/status.yml")
+    assert status.rc == 0, status.output[-6000:]
+    assert f"model: tiny-w8a8 (the inventory says {local_rig.model}: swapped since site.yml)" in status.output
+
+
 def test_broken_model_stops_the_rollout_at_the_first_rig(fleet, broken_catalog) -> None:  # noqa: F811
     b_started = unit_started_at("gemma-rig-b")
     run = run_playbook("swap.yml", "-e", "model=tiny-broken", "-e", f"@{broken_catalog}", *FLEET)

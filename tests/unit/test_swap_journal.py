@@ -2,7 +2,7 @@
 
 Run as a program, as the rig runs it, on a stand-in rig in a temporary directory: tpu.env, the
 `current` link, two checkpoint directories, and a stand-in systemctl that records its calls.
-tests/e2e/test_30_swap_crash.py runs the same tool under real systemd with a controller killed.
+tests/e2e/test_90_swap_crash.py runs the same tool under real systemd with a controller killed.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 systemd inside the local rig's container does not enforce IPAddressAllow/IPAddressDeny (no unified
 cgroup hierarchy on these hosts), so the filter is tested here as rendered, by the role's own task
 file run through real ansible-playbook with the project's inventory, and on the running rig as
-systemd loaded it (tests/e2e/test_60_reach.py).
+systemd loaded it (tests/e2e/test_95_reach.py).
 """
 
 from __future__ import annotations

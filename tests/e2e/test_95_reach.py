@@ -1,8 +1,9 @@
 """The local rig reached from where users stand: a client in another network namespace, not on
 loopback. Closed, the rig refuses it; opened (rig_endpoint_open, a range, a key), it answers 401
 without the key and 200 with it, and status/query/bench/accuracy all work with the key, which never
-shows in their output at -vvv, in --diff or in any process's command line. The rig is closed again
-at the end, as test_00_site left it.
+shows in their output at -vvv, in --diff or in any process's command line. It runs last, before
+test_99_teardown, and leaves the rig opened: nothing after it depends on a closed rig, and a closed
+rig's filter is tested as rendered (tests/unit/test_vllm_unit_filter.py) and at bring-up.
 
 The client: a network namespace with one end of a veth pair, 10.231.0.2/30, the host's end
 10.231.0.1/30. The rig's container shares the host's network, so its port is on 10.231.0.1. Only
@@ -228,11 +229,3 @@ def test_readiness_fails_when_the_unit_filter_disagrees(local_rig, opened_vars: 
         f"{RANGE}, which means allow [10.231.0.0/30 127.0.0.0/8 ::1/128]"
     ) in flat, run.output[-3000:]
     assert KEY not in run.output
-
-
-def test_closing_again_refuses_the_client(local_rig, client_ns) -> None:
-    run = run_playbook("site.yml")
-    assert run.rc == 0, run.output[-6000:]
-    assert connect(local_rig.port) == "refused"
-    shown = podman("exec", local_rig.container, "systemctl", "show", "vllm", "-p", "IPAddressAllow").stdout
-    assert shown.strip() == "IPAddressAllow=127.0.0.0/8 ::1/128"

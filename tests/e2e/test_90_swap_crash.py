@@ -1,10 +1,10 @@
 """A controller killed in the middle of a swap leaves a rig that serves a verified model.
 
-On a local rig of its own (rig-swap: container gemma-rig-swap, port 8011; tests/e2e/swap_rig.yml),
-so the session's rig-local is never touched: every run is limited to rig-swap. The controller
-is killed (SIGKILL to ansible-playbook and every process under it, as a dead laptop would) at
-each phase of a swap: while pushing, right after the switch, while vLLM restarts. Each kill
-point waits for a marker on the rig (the swap journal's phase, the staged file's size), never a
+On the session's shared rig (rig-local), as the last test file before test_99_teardown, so nothing
+after it depends on the state the kills leave (a second rig of its own cost a whole bring-up).
+The controller is killed (SIGKILL to ansible-playbook and every process under it, as a dead laptop
+would) at each phase of a swap: while pushing, right after the switch, while vLLM restarts. Each
+kill point waits for a marker on the rig (the swap journal's phase, the staged file's size), never a
 sleep. After each kill: one restart of vLLM serves a verified model, so does a reboot of the
 container, and the next swap.yml says what it found and resolves it.
 
@@ -34,16 +34,9 @@ from tests.e2e.rig import chat, podman, served_models, unit_started_at
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
-CONTAINER = "gemma-rig-swap"
-PORT = 8011
-INVENTORY = (
-    "-i",
-    "inventory/local.yml",
-    "-i",
-    str(Path(__file__).with_name("swap_rig.yml")),
-    "-l",
-    "rig-swap",
-)
+CONTAINER = "gemma-rig"
+PORT = 8000
+INVENTORY: tuple[str, ...] = ()  # the default inventory: rig-local alone
 OLD = "tiny-emb4"  # what site.yml serves
 NEW = "crash-b"  # the same weights under another key, with padding
 PADDING = 40 * 1024 * 1024
@@ -70,22 +63,10 @@ def catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def rig(catalog: Path):
-    """rig-swap stood up from nothing by site.yml, torn down at the end.
-
-    RIG_E2E_REUSE=1 keeps a rig-swap that is already there, and leaves it up afterwards
-    (a developer's inner loop, never CI).
-    """
-    reuse = bool(os.environ.get("RIG_E2E_REUSE"))
-    if not reuse:
-        podman("rm", "-f", CONTAINER)
-        podman("volume", "rm", "-f", f"{CONTAINER}-data")
-    run = run_playbook("site.yml", *INVENTORY)
-    assert run.rc == 0, run.output[-6000:]
+def rig(catalog: Path, local_rig):
+    """The shared rig as the e2e files before this one left it: serving tiny-emb4."""
+    assert local_rig.model == OLD
     yield catalog
-    if not reuse:
-        down = run_playbook("teardown.yml", *INVENTORY)
-        assert down.rc == 0, down.output[-4000:]
 
 
 # --- the rig --------------------------------------------------------------------------------------
@@ -116,7 +97,7 @@ def wait_for(what: str, probe: Callable[[], object], timeout: float = SERVE_TIME
 
 
 def serves(model: str) -> None:
-    """vLLM on rig-swap lists ``model`` and answers a chat with it."""
+    """vLLM on the rig lists ``model`` and answers a chat with it."""
     wait_for(f"{model} to be served", lambda: served_models(PORT) == [model])
     assert chat(PORT, model)["usage"]["completion_tokens"] > 0
 
@@ -181,7 +162,7 @@ def said(run: PlaybookRun) -> str:
 
 def sent_bytes(run: PlaybookRun) -> tuple[int, int]:
     found = re.findall(
-        r"pushed \S+ to rig-swap: (\d+) bytes sent \(\d+ file\(s\); (\d+) bytes were already there\)",
+        r"pushed \S+ to rig-local: (\d+) bytes sent \(\d+ file\(s\); (\d+) bytes were already there\)",
         said(run),
     )
     assert found, run.output[-6000:]
@@ -264,7 +245,7 @@ def test_killed_while_vllm_restarts(rig: Path, tmp_path: Path) -> None:
     assert f"interrupted swap {OLD} -> {NEW} (phase trial): finished, {NEW} answers and is committed" in said(
         run
     )
-    assert f"rig-swap already serves {NEW}: nothing to do" in said(run)
+    assert f"rig-local already serves {NEW}: nothing to do" in said(run)
     assert journal()["phase"] == "committed"
     restart_vllm_once()
     serves(NEW)
