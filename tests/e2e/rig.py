@@ -40,7 +40,12 @@ def unit_started_at(container: str) -> str:
     return result.stdout.strip()
 
 
+# The containers the e2e inventories name (inventory/local.yml and tests/e2e/fleet.yml). Other
+# rigs on the same host (a developer's own, under another name) are neither removed nor counted.
+E2E_CONTAINERS = ("gemma-rig", "gemma-rig-b")
+
+
 def rig_containers() -> list[str]:
-    """Names of every container, running or not, that the rig playbooks made."""
+    """Names of the e2e inventories' containers, running or not, that the rig playbooks made."""
     result = podman("ps", "-a", "--filter", "label=gemma-rig=true", "--format", "{{.Names}}")
-    return result.stdout.split()
+    return [name for name in result.stdout.split() if name in E2E_CONTAINERS]
