@@ -44,14 +44,21 @@ def add_common(ap: argparse.ArgumentParser) -> None:
     )
 
 
+# Each worker is a thread holding about 10 MiB of chunks; past this, more threads only add memory
+# and contention (a typo like -j 4000 would ask for 40 GiB).
+MAX_JOBS = 256
+
+
 def positive_int(text: str) -> int:
-    """argparse type: an integer of 1 or more."""
+    """argparse type: a worker count from 1 to MAX_JOBS."""
     try:
         n = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be 1 or more, got {n}")
+    if n > MAX_JOBS:
+        raise argparse.ArgumentTypeError(f"must be {MAX_JOBS} or fewer, got {n}")
     return n
 
 

@@ -414,6 +414,7 @@ INPUTS: list[tuple[str, tuple[str, ...], Make]] = [
         _stamp("[]"),
     ),
     ("--jobs 0", ("text_only.py", "SRC", "OUT", "--jobs", "0"), _nothing),
+    ("--jobs 4000", ("w8a8_from_qat.py", "SRC", "OUT", "--jobs", "4000"), _nothing),
 ]
 
 
@@ -715,6 +716,7 @@ EXPECTED: dict[str, tuple[int, str]] = {
     ),
     "--status, repack.json is []": (0, "stale"),
     "--jobs 0": (2, "text_only.py: error: argument -j/--jobs: must be 1 or more, got 0"),
+    "--jobs 4000": (2, "w8a8_from_qat.py: error: argument -j/--jobs: must be 256 or fewer, got 4000"),
 }
 CASES = [Case(what, argv, *EXPECTED[what], make) for what, argv, make in INPUTS]
 
