@@ -6,7 +6,9 @@ inventory and roles, for:
 - ``local``: host ``rig-local`` of inventory/local.yml (the default profile);
 - ``gce``: host ``gemma-rig-1`` of inventory/gce.yml (the T4 profile);
 - ``gce-open``: the gce profile with the endpoint open, an API key and a model with its own
-  vLLM args (google-w4a16), so the key, the listen address and the args' order are covered too.
+  vLLM args (google-w4a16), so the key, the listen address and the args' order are covered too;
+- ``local-host-flags``: the local profile with one host's changes to its flags (one changed,
+  one switch dropped, a JSON one and a new one added).
 
 tpu.env comes from roles/rig_config (tasks ``render``, in memory) and the unit from
 roles/vllm_service (tasks ``unit``), as the real plays do. The golden files are in
@@ -22,6 +24,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -39,7 +42,21 @@ OPEN_VARS = {
     "rig_endpoint_source_ranges": ["203.0.113.0/24"],
     "rig_api_key": "sk-golden-0123456789abcdef",
 }
-CASES = {"local": "rig-local", "gce": "gemma-rig-1", "gce-open": "golden-gce-open"}
+HOST_FLAGS_VARS = {
+    "rig_vllm_host_flags": {
+        "max-num-seqs": 2,
+        "enforce-eager": None,
+        "speculative-config": {"method": "ngram", "num_speculative_tokens": 4},
+        "seed": 7,
+        "enable-prefix-caching": True,
+    }
+}
+CASES = {
+    "local": "rig-local",
+    "gce": "gemma-rig-1",
+    "gce-open": "golden-gce-open",
+    "local-host-flags": "golden-local-host-flags",
+}
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +65,16 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("rendered")
     extra = out / "hosts.yml"
     extra.write_text(
-        yaml.safe_dump({"rigs": {"children": {"gce": {"hosts": {CASES["gce-open"]: OPEN_VARS}}}}})
+        yaml.safe_dump(
+            {
+                "rigs": {
+                    "children": {
+                        "gce": {"hosts": {CASES["gce-open"]: OPEN_VARS}},
+                        "local": {"hosts": {CASES["local-host-flags"]: HOST_FLAGS_VARS}},
+                    }
+                }
+            }
+        )
     )
     case_of = {host: case for case, host in CASES.items()}
     play = [
@@ -120,3 +146,21 @@ def test_rendered_matches_golden(rendered: Path, case: str, name: str) -> None:
         )
     )
     assert got == want, f"rendered {case}/{name} differs from the golden file:\n{diff}"
+
+
+def env_keys(text: str) -> list[str]:
+    """The RIG_* keys of a tpu.env, in order."""
+    return re.findall(r"(?m)^(RIG_[A-Z0-9_]+)=", text)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_unit_passes_exactly_the_flag_keys_of_tpu_env(rendered: Path, case: str) -> None:
+    """rig_config and vllm_service each read the flags: the unit must pass every flag key, in order."""
+    keys = env_keys((rendered / case / "tpu.env").read_text())
+    unit = (rendered / case / "vllm.service").read_text()
+    exec_start = unit[unit.index("ExecStart=") :].split("\nRestart=")[0]
+    passed = re.findall(r"--([a-z0-9-]+) \$\{(RIG_[A-Z0-9_]+)\}", exec_start)
+    # Each flag's key is its name in capitals; the role's own keys lead, RIG_EXTRA_ARGS ends.
+    assert all(key == "RIG_" + flag.upper().replace("-", "_") for flag, key in passed), passed
+    assert [key for _, key in passed] == [k for k in keys if k not in ("RIG_MODEL_KEY", "RIG_EXTRA_ARGS")]
+    assert keys[-1] == "RIG_EXTRA_ARGS" and exec_start.rstrip().endswith("$RIG_EXTRA_ARGS")
