@@ -8,10 +8,13 @@ roles, so they run on it instead (the clamp refusal: test_90_swap_crash's start-
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
+import yaml
 
+from tests.conftest import ROOT
 from tests.e2e.rig import podman
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -48,6 +51,19 @@ def test_vllm_runs_as_its_own_user(local_rig) -> None:
     pid = rig_exec(local_rig.container, "systemctl", "show", "-p", "MainPID", "--value", "vllm").strip()
     assert pid not in ("", "0"), "vllm.service has no main process"
     assert rig_exec(local_rig.container, "ps", "-o", "user=", "-p", pid).strip() == "vllm"
+
+
+def test_vllm_gets_the_local_profiles_flags_in_order(local_rig) -> None:
+    """Every flag of the local profile reaches vLLM's argv (tpu.env -> unit), valued ones in order."""
+    flags = yaml.safe_load((ROOT / "inventory" / "group_vars" / "local.yml").read_text())["rig_vllm_flags"]
+    pid = rig_exec(local_rig.container, "systemctl", "show", "-p", "MainPID", "--value", "vllm").strip()
+    argv = rig_exec(local_rig.container, "cat", f"/proc/{pid}/cmdline").split("\0")
+    valued = [(f"--{k}", str(v)) for k, v in flags.items() if v is not True]
+    pairs = list(itertools.pairwise(argv))
+    at = [pairs.index(pair) for pair in valued if pair in pairs]
+    assert len(at) == len(valued) and at == sorted(at), (valued, argv)
+    for switch in (f"--{k}" for k, v in flags.items() if v is True):
+        assert switch in argv, (switch, argv)
 
 
 def test_the_unit_is_hardened(local_rig, figure) -> None:

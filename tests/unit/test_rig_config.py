@@ -29,6 +29,7 @@ CONTRACT_KEYS = [
     "RIG_GPU_MEMORY_UTILIZATION",
     "RIG_MAX_MODEL_LEN",
     "RIG_MAX_NUM_SEQS",
+    "RIG_KV_CACHE_MEMORY_BYTES",  # the local profile's; every flag with a value has its own key
     "RIG_EXTRA_ARGS",
 ]
 
@@ -118,8 +119,9 @@ def test_local_renders_contract_keys_mode_and_restarts(tmp_path: Path) -> None:
     assert env["RIG_MODEL"] == "/opt1/models/current"
     assert (env["RIG_HOST"], env["RIG_PORT"]) == ("127.0.0.1", "8000")
     assert env["RIG_DTYPE"] == "bfloat16"
-    assert env["RIG_EXTRA_ARGS"].split() == ["--enforce-eager", "--kv-cache-memory-bytes", "268435456"]
-    assert env["TMPDIR"] == "/opt1/tmp"
+    assert env["RIG_KV_CACHE_MEMORY_BYTES"] == "268435456"
+    assert env["RIG_EXTRA_ARGS"].split() == ["--enforce-eager"]
+    assert env["HF_HUB_OFFLINE"] == "1"
     assert stat.S_IMODE(rig.env_file.stat().st_mode) == 0o640
     assert rig.marker.exists(), "a new tpu.env must notify 'restart vllm'"
     assert not (tmp_path / "etc" / "tpu.env.prev").exists()
@@ -133,18 +135,17 @@ def test_local_renders_contract_keys_mode_and_restarts(tmp_path: Path) -> None:
 
 def test_gce_values_and_model_args(tmp_path: Path) -> None:
     rig = Rig(tmp_path, platform="gce")
-    rc, _, out = rig.run(rig_model="google-w4a16", rig_vllm_speculative_config={"method": "ngram", "n": 4})
+    rc, _, out = rig.run(
+        rig_model="google-w4a16", rig_vllm_host_flags={"speculative-config": {"method": "ngram", "n": 4}}
+    )
     assert rc == 0, out
     env = parse_env(rig.env_file.read_text())
     assert env["RIG_DTYPE"] == "float16"
     assert env["RIG_KV_CACHE_DTYPE"] == "auto"
     assert float(env["RIG_GPU_MEMORY_UTILIZATION"]) == 0.90
     assert (env["RIG_MAX_MODEL_LEN"], env["RIG_MAX_NUM_SEQS"]) == ("16384", "8")
-    assert env["RIG_EXTRA_ARGS"].split() == [
-        "--language-model-only",
-        "--speculative-config",
-        '{"method":"ngram","n":4}',
-    ]
+    assert env["RIG_SPECULATIVE_CONFIG"] == '{"method":"ngram","n":4}'
+    assert env["RIG_EXTRA_ARGS"].split() == ["--language-model-only"]
 
 
 def test_change_keeps_previous_as_prev(tmp_path: Path) -> None:
@@ -180,11 +181,32 @@ def test_unknown_model_fails_before_writing_and_lists_keys(tmp_path: Path) -> No
 @pytest.mark.parametrize(
     ("var", "value", "needle"),
     [
-        ("rig_config_dtype", "fp64", "rig_config_dtype"),
-        ("rig_config_max_num_seqs", "many", "rig_config_max_num_seqs"),
-        ("rig_config_gpu_memory_utilization", 1.5, "rig_config_gpu_memory_utilization"),
+        (
+            "rig_vllm_host_flags",
+            {"dtype": "fp64"},
+            "vLLM flag dtype (rig_vllm_flags, rig_vllm_host_flags) is",
+        ),
+        (
+            "rig_vllm_host_flags",
+            {"max-num-seqs": "many"},
+            "vLLM flag max-num-seqs (rig_vllm_flags, rig_vllm_host_flags) is",
+        ),
+        (
+            "rig_vllm_host_flags",
+            {"gpu-memory-utilization": 1.5},
+            "gpu-memory-utilization (rig_vllm_flags, rig_vllm_host_flags) is 1.5, not a fraction",
+        ),
+        ("rig_vllm_host_flags", {"port": 9000}, "port: set by the role"),
+        ("rig_vllm_host_flags", {"Max_Len": 1}, "Max_Len: not a flag name"),
+        ("rig_vllm_host_flags", {"middleware": ["a", "b"]}, "middleware: a list"),
+        (
+            "rig_vllm_host_flags",
+            {"seed": ""},
+            "RIG_SEED (from flag seed of rig_vllm_flags/rig_vllm_host_flags)",
+        ),
+        ("rig_vllm_flags", "not-a-dict", "rig_vllm_flags"),
         ("rig_config_model_path", "", "RIG_MODEL (from rig_config_model_path)"),
-        ("rig_config_environment", {"RIG_PORT": "1"}, "reserved names: RIG_PORT"),
+        ("rig_vllm_environment", {"RIG_PORT": "1"}, "reserved names: RIG_PORT"),
     ],
 )
 def test_bad_input_fails_naming_variable(tmp_path: Path, var: str, value: Any, needle: str) -> None:
@@ -210,7 +232,9 @@ def test_open_endpoint_listens_everywhere_with_key_never_logged(tmp_path: Path) 
     assert env["VLLM_API_KEY"] == KEY
     assert KEY not in out
     # A change with the key in place keeps it out of the output too (diff, .prev copy).
-    rc, _, out = rig.run("--diff", rig_endpoint_open=True, rig_api_key=KEY, rig_config_max_num_seqs=4)
+    rc, _, out = rig.run(
+        "--diff", rig_endpoint_open=True, rig_api_key=KEY, rig_vllm_host_flags={"max-num-seqs": 4}
+    )
     assert rc == 0, out
     assert KEY not in out
     assert parse_env((tmp_path / "etc" / "tpu.env.prev").read_text())["VLLM_API_KEY"] == KEY

@@ -150,7 +150,7 @@ def test_tpu_env_secrets_stay_out_of_output_and_diff(tmp_path: Path, api_key: st
     assert (f"VLLM_API_KEY={API_KEY}" in text) == bool(api_key)
 
     # A change: --diff says which keys changed, by name only, and the copy to tpu.env.prev shows nothing.
-    rc, out, sampler = run(tmp_path, play, {**base, "rig_config_max_num_seqs": 3}, "--diff")
+    rc, out, sampler = run(tmp_path, play, {**base, "rig_vllm_host_flags": {"max-num-seqs": 3}}, "--diff")
     assert rc == 0, out[-4000:]
     assert_never_shown(out, sampler)
     assert "tpu.env: RIG_MAX_NUM_SEQS changed" in out
