@@ -92,3 +92,14 @@ def test_raw_commands_still_run_without_stdin(fake_podman) -> None:
     assert run.returncode == 0 and "raw-ran" in run.stdout, run.stdout + run.stderr
     calls = fake_podman[1].read_text().splitlines()
     assert any(c.startswith("exec rig ") for c in calls), calls  # no -i: nothing to send
+
+
+def test_synchronize_runs_rsync_over_podman_exec(fake_podman, tmp_path: Path) -> None:
+    """The checkpoint push uses synchronize, which works only over connections it knows as podman."""
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    src.mkdir()
+    (src / "shard.bin").write_bytes(b"weights")
+    run = adhoc(fake_podman, "ansible.posix.synchronize", f"src={src}/ dest={dest}/", "podman_pipelined")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert (dest / "shard.bin").read_bytes() == b"weights"
+    assert any(c.startswith("exec -i rig rsync --server") for c in fake_podman[1].read_text().splitlines())
