@@ -50,6 +50,8 @@ ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = ROOT / ".venv" / "bin"
 CATALOG_KEY = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _RECAP = re.compile(r"^(?P<host>\S+)\s+:\s+(?P<counts>(?:\w+=\d+\s*)+)$", re.MULTILINE)
+# The steps every run makes, in this order.
+STEPS = ("converged", "check", "restart", "swap", "swap_same", "status")
 # The unit's timestamps that bound a restart, in the order they happen.
 UNIT_STAMPS = (
     "ActiveExitTimestamp",  # the stop began
@@ -78,6 +80,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--record", type=Path, help="write LABEL.json (every figure) into this directory")
     p.add_argument("--keep", action="store_true", help="leave the rig running at the end")
     p.add_argument("--skip-cold", action="store_true", help="reuse a rig that is already up (cold not measured)")
+    p.add_argument(
+        "--steps", default=",".join(STEPS),
+        help=f"comma-separated steps to run after the cold ones (default all: {','.join(STEPS)})",
+    )
     args = p.parse_args(argv)
     for name in ("runs", "cold_runs"):
         if getattr(args, name) < (0 if name == "cold_runs" else 1):
@@ -93,6 +99,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} {getattr(args, name)!r} is not a plain name ([a-z0-9._-])")
     if args.model == args.swap_to:
         p.error(f"--swap-to must differ from --model ({args.model})")
+    steps = [x for x in args.steps.split(",") if x]
+    unknown = [x for x in steps if x not in STEPS]
+    if unknown or not steps:
+        p.error(f"--steps: unknown {', '.join(unknown) or '(none given)'}; valid: {','.join(STEPS)}")
+    args.steps = steps
     if args.skip_cold:
         args.cold_runs = 0
     if args.cold_runs == 0 and not args.skip_cold:
@@ -334,17 +345,25 @@ def main(argv: list[str] | None = None) -> int:
                 rig.remove()
                 note(rig.playbook(f"cold {i + 1}", "site.yml"), "cold")
             for i in range(args.runs):
-                s = rig.playbook(f"converged {i + 1}", "site.yml")
-                note(s, "converged")
-                figures.setdefault("converged_changed", []).append(s.changed or 0)
-                s = rig.playbook(f"check {i + 1}", "site.yml", "--check")
-                note(s, "check")
-                figures.setdefault("check_changed", []).append(s.changed or 0)
-                note(rig.playbook(f"restart {i + 1}", "playbooks/restart.yml", expect_model=args.model), "restart")
-                for to in (args.swap_to, args.model):
-                    note(rig.playbook(f"swap to {to} {i + 1}", "swap.yml", "-e", f"model={to}", expect_model=to), "swap")
-                note(rig.playbook(f"swap to the served model {i + 1}", "swap.yml", "-e", f"model={args.model}"), "swap_same")
-                note(rig.playbook(f"status {i + 1}", "playbooks/status.yml"), "status")
+                if "converged" in args.steps:
+                    s = rig.playbook(f"converged {i + 1}", "site.yml")
+                    note(s, "converged")
+                    figures.setdefault("converged_changed", []).append(s.changed or 0)
+                if "check" in args.steps:
+                    s = rig.playbook(f"check {i + 1}", "site.yml", "--check")
+                    note(s, "check")
+                    figures.setdefault("check_changed", []).append(s.changed or 0)
+                if "restart" in args.steps:
+                    note(rig.playbook(f"restart {i + 1}", "playbooks/restart.yml", expect_model=args.model), "restart")
+                if "swap" in args.steps:
+                    for to in (args.swap_to, args.model):
+                        step = rig.playbook(f"swap to {to} {i + 1}", "swap.yml", "-e", f"model={to}", expect_model=to)
+                        note(step, "swap")
+                if "swap_same" in args.steps:
+                    step = rig.playbook(f"swap to the served model {i + 1}", "swap.yml", "-e", f"model={args.model}")
+                    note(step, "swap_same")
+                if "status" in args.steps:
+                    note(rig.playbook(f"status {i + 1}", "playbooks/status.yml"), "status")
         finally:
             if not args.keep:
                 rig.remove()

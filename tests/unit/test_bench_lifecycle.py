@@ -35,6 +35,8 @@ def test_defaults_name_a_rig_of_its_own() -> None:
         (["--poll", "0"], "--poll must be > 0 s"),
         (["--swap-to", "tiny-emb4"], "--swap-to must differ from --model (tiny-emb4)"),
         (["--label", "a b"], "--label 'a b' is not a plain name"),
+        (["--steps", "restart,reboot"], "--steps: unknown reboot; valid: converged,check,restart"),
+        (["--steps", ","], "--steps: unknown (none given)"),
     ],
 )
 def test_bad_arguments_fail_with_one_line_naming_them(argv, says, capsys) -> None:
@@ -46,6 +48,11 @@ def test_bad_arguments_fail_with_one_line_naming_them(argv, says, capsys) -> Non
 
 def test_skip_cold_measures_no_cold_run() -> None:
     assert bl.parse_args(["--skip-cold"]).cold_runs == 0
+
+
+def test_steps_default_to_all_and_can_be_chosen() -> None:
+    assert bl.parse_args([]).steps == list(bl.STEPS)
+    assert bl.parse_args(["--steps", "restart,swap"]).steps == ["restart", "swap"]
 
 
 def test_help_says_what_it_measures() -> None:
