@@ -70,24 +70,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--runs", type=int, default=3, help="repeats of every step but cold (default 3)")
     p.add_argument("--cold-runs", type=int, default=1, help="cold bring-ups, each from nothing (default 1)")
-    p.add_argument("--container", default="gemma-rig-speed", help="the bench rig's container (default gemma-rig-speed)")
+    p.add_argument(
+        "--container", default="gemma-rig-speed", help="the bench rig's container (default gemma-rig-speed)"
+    )
     p.add_argument("--host", default="rig-speed", help="its inventory host name (default rig-speed)")
     p.add_argument("--port", type=int, default=8020, help="its vLLM port (default 8020)")
     p.add_argument("--model", default="tiny-emb4", help="the model site.yml serves (default tiny-emb4)")
-    p.add_argument("--swap-to", default="tiny-w8a8", help="the model swapped to and back from (default tiny-w8a8)")
+    p.add_argument(
+        "--swap-to", default="tiny-w8a8", help="the model swapped to and back from (default tiny-w8a8)"
+    )
     p.add_argument("--poll", type=float, default=0.2, help="seconds between downtime polls (default 0.2)")
     p.add_argument("--label", default="run", help="name of the record (default run)")
     p.add_argument("--record", type=Path, help="write LABEL.json (every figure) into this directory")
     p.add_argument("--keep", action="store_true", help="leave the rig running at the end")
-    p.add_argument("--skip-cold", action="store_true", help="reuse a rig that is already up (cold not measured)")
     p.add_argument(
-        "--steps", default=",".join(STEPS),
+        "--skip-cold", action="store_true", help="reuse a rig that is already up (cold not measured)"
+    )
+    p.add_argument(
+        "--steps",
+        default=",".join(STEPS),
         help=f"comma-separated steps to run after the cold ones (default all: {','.join(STEPS)})",
     )
     args = p.parse_args(argv)
     for name in ("runs", "cold_runs"):
         if getattr(args, name) < (0 if name == "cold_runs" else 1):
-            p.error(f"--{name.replace('_', '-')} must be at least {0 if name == 'cold_runs' else 1}, got {getattr(args, name)}")
+            p.error(
+                f"--{name.replace('_', '-')} must be at least {0 if name == 'cold_runs' else 1}, got {getattr(args, name)}"
+            )
     if not 1 <= args.port <= 65535:
         p.error(f"--port must be 1..65535, got {args.port}")
     if args.container in ("gemma-rig", "gemma-rig-b"):
@@ -178,7 +187,11 @@ def table(med: dict[str, float | None], label: str) -> str:
     out = [f"| step ({label}) | median |", "|---|---|"]
     for name, key, unit in rows:
         v = med.get(key)
-        shown = "-" if v is None else (f"{v:.0f}" if unit == "" else f"{v:.2f}{unit}" if unit == "x" else f"{v:.1f} {unit}")
+        shown = (
+            "-"
+            if v is None
+            else (f"{v:.0f}" if unit == "" else f"{v:.2f}{unit}" if unit == "x" else f"{v:.1f} {unit}")
+        )
         out.append(f"| {name} | {shown} |")
     return "\n".join(out)
 
@@ -273,14 +286,20 @@ class Rig:
         started = time.time()
         proc = subprocess.run(
             [str(VENV_BIN / "ansible-playbook"), playbook, "-i", str(self.inventory), *extra],
-            cwd=ROOT, env=self.env, capture_output=True, text=True, check=False,
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         seconds = time.time() - started
         with self.log.open("a") as f:
             f.write(f"\n===== {name}: {playbook} {' '.join(extra)} ({seconds:.1f} s, rc {proc.returncode})\n")
             f.write(proc.stdout + proc.stderr)
         if proc.returncode != 0:
-            raise SystemExit(f"{name}: {playbook} failed (rc {proc.returncode}); see {self.log}:\n{proc.stdout[-3000:]}")
+            raise SystemExit(
+                f"{name}: {playbook} failed (rc {proc.returncode}); see {self.log}:\n{proc.stdout[-3000:]}"
+            )
         recap = parse_recap(proc.stdout).get(self.args.host, {})
         step = Step(name, seconds, proc.returncode, recap.get("changed"))
         if poller:
@@ -295,7 +314,12 @@ class Rig:
     def unit_stamps(self) -> dict[str, float]:
         """The vllm unit's timestamps (epoch seconds) of its last stop and start."""
         out = self.podman(
-            "exec", self.args.container, "systemctl", "show", "vllm", "--timestamp=us+utc",
+            "exec",
+            self.args.container,
+            "systemctl",
+            "show",
+            "vllm",
+            "--timestamp=us+utc",
             *(f"--property={p}" for p in UNIT_STAMPS),
         ).stdout
         stamps = {}
@@ -319,8 +343,14 @@ def unit_phases(stamps: dict[str, float]) -> dict[str, float]:
 
 
 def machine() -> dict:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout.strip())
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    dirty = bool(
+        subprocess.run(
+            ["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+    )
     return {"commit": commit, "dirty": dirty, "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()}
 
 
@@ -334,10 +364,18 @@ def main(argv: list[str] | None = None) -> int:
         figures.setdefault(f"{key}_s", []).append(step.seconds)
         if step.downtime_s is not None:
             figures.setdefault(f"{key}_downtime_s", []).append(step.downtime_s)
-        extra = f", downtime {step.downtime_s:.1f} s {unit_phases(step.unit)}" if step.downtime_s is not None else ""
+        extra = (
+            f", downtime {step.downtime_s:.1f} s {unit_phases(step.unit)}"
+            if step.downtime_s is not None
+            else ""
+        )
         print(f"{step.name}: {step.seconds:.1f} s, changed={step.changed}{extra}", flush=True)
 
-    record = {"args": {k: str(v) for k, v in vars(args).items()}, "machine": machine(), "started": time.time()}
+    record = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "machine": machine(),
+        "started": time.time(),
+    }
     with tempfile.TemporaryDirectory(prefix="bench-lifecycle-") as tmp:
         rig = Rig(args, Path(tmp))
         try:
@@ -354,13 +392,20 @@ def main(argv: list[str] | None = None) -> int:
                     note(s, "check")
                     figures.setdefault("check_changed", []).append(s.changed or 0)
                 if "restart" in args.steps:
-                    note(rig.playbook(f"restart {i + 1}", "playbooks/restart.yml", expect_model=args.model), "restart")
+                    note(
+                        rig.playbook(f"restart {i + 1}", "playbooks/restart.yml", expect_model=args.model),
+                        "restart",
+                    )
                 if "swap" in args.steps:
                     for to in (args.swap_to, args.model):
-                        step = rig.playbook(f"swap to {to} {i + 1}", "swap.yml", "-e", f"model={to}", expect_model=to)
+                        step = rig.playbook(
+                            f"swap to {to} {i + 1}", "swap.yml", "-e", f"model={to}", expect_model=to
+                        )
                         note(step, "swap")
                 if "swap_same" in args.steps:
-                    step = rig.playbook(f"swap to the served model {i + 1}", "swap.yml", "-e", f"model={args.model}")
+                    step = rig.playbook(
+                        f"swap to the served model {i + 1}", "swap.yml", "-e", f"model={args.model}"
+                    )
                     note(step, "swap_same")
                 if "status" in args.steps:
                     note(rig.playbook(f"status {i + 1}", "playbooks/status.yml"), "status")

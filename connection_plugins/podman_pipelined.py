@@ -69,7 +69,6 @@ DOCUMENTATION = """
 """
 
 
-
 class Connection(PodmanConnection):
     """The collection's podman connection, with stdin attached when there is input to send."""
 

@@ -58,7 +58,9 @@ def test_steps_default_to_all_and_can_be_chosen() -> None:
 def test_help_says_what_it_measures() -> None:
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "bench_lifecycle.py"), "--help"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     for word in ("--runs", "--record", "swap", "restart", "downtime", "gemma-rig-speed"):
         assert word in out
@@ -104,7 +106,9 @@ def test_medians_and_the_target_ratios() -> None:
 
 
 def test_table_shows_every_median_and_dashes_for_the_missing() -> None:
-    text = bl.table(bl.summarize({"converged_s": [24.04], "converged_changed": [0], "cold_s": [240.0]}), "after")
+    text = bl.table(
+        bl.summarize({"converged_s": [24.04], "converged_changed": [0], "cold_s": [240.0]}), "after"
+    )
     lines = text.splitlines()
     assert lines[0] == "| step (after) | median |"
     assert "| converged site.yml | 24.0 s |" in lines

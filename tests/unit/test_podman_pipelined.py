@@ -50,7 +50,9 @@ def fake_podman(tmp_path: Path) -> tuple[Path, Path]:
     return exe, tmp_path / "podman.log"
 
 
-def adhoc(fake: tuple[Path, Path], module: str, args: str, connection: str) -> subprocess.CompletedProcess[str]:
+def adhoc(
+    fake: tuple[Path, Path], module: str, args: str, connection: str
+) -> subprocess.CompletedProcess[str]:
     exe, log = fake
     env = {
         **os.environ,
@@ -59,11 +61,25 @@ def adhoc(fake: tuple[Path, Path], module: str, args: str, connection: str) -> s
     }
     return subprocess.run(
         [
-            str(VENV_BIN / "ansible"), "all", "-i", "rig,", "-c", connection,
-            "-e", json.dumps({"ansible_podman_executable": str(exe), "ansible_python_interpreter": sys.executable}),
-            "-m", module, "-a", args,
+            str(VENV_BIN / "ansible"),
+            "all",
+            "-i",
+            "rig,",
+            "-c",
+            connection,
+            "-e",
+            json.dumps({"ansible_podman_executable": str(exe), "ansible_python_interpreter": sys.executable}),
+            "-m",
+            module,
+            "-a",
+            args,
         ],
-        cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=120,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
     )
 
 
@@ -81,7 +97,9 @@ def test_a_module_is_one_exec_with_its_code_on_stdin(fake_podman, tmp_path: Path
 def test_the_collections_plugin_needs_four_calls(fake_podman, tmp_path: Path) -> None:
     """The comparison the plugin exists for: the same task without pipelining."""
     target = tmp_path / "made"
-    run = adhoc(fake_podman, "ansible.builtin.file", f"path={target} state=directory", "containers.podman.podman")
+    run = adhoc(
+        fake_podman, "ansible.builtin.file", f"path={target} state=directory", "containers.podman.podman"
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     calls = [c for c in fake_podman[1].read_text().splitlines() if not c.startswith("mount")]
     assert len(calls) >= 3 and any(c.startswith("cp ") for c in calls), calls
