@@ -138,3 +138,16 @@ def test_no_role_or_playbook_checks_the_catalog_itself() -> None:
             f"{path.relative_to(ROOT)} checks the catalog itself"
         )
         assert "'/models/' ~" not in text and "/models/{{ repack_model }}" not in text, path
+
+
+def test_site_fails_first_on_a_bad_rig_model_with_the_one_line() -> None:
+    """playbooks/checkpoint.yml (the first play of site.yml to read the catalog) asks the lookup."""
+    res = subprocess.run(
+        [str(VENV_BIN / "ansible-playbook"), str(ROOT / "playbooks" / "checkpoint.yml"), "-e", "rig_model=nope", "--check"],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert res.returncode != 0
+    assert (
+        f"rig_model 'nope' is not in the catalog (rig_models); valid keys: {', '.join(sorted(CATALOG))}"
+        in (res.stdout + res.stderr)
+    )
