@@ -15,7 +15,7 @@ description:
     endpoint only when the user asks for it.
   - Supports check mode (only reads are sent) and diff mode.
 version_added: "0.1.0"
-author: gemma-rig contributors
+author: gemma-rig contributors !UNKNOWN
 requirements:
   - google-cloud-compute >= 1.56
 options:

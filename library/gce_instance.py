@@ -15,7 +15,7 @@ description:
     250 GB pd-balanced data disk that survives the VM).
   - Looks for the instance in every zone of O(zones) first, so it is never created twice.
   - When a zone has no capacity (C(ZONE_RESOURCE_POOL_EXHAUSTED) and its relatives) it tries the
-    next zone and says so in RV(warnings) and RV(zones_tried). A quota error fails at once, naming
+    next zone and says so in a warning and in RV(zones_tried). A quota error fails at once, naming
     the quota and how to raise it. HTTP 429 and 5xx answers are retried with exponential backoff;
     inserts carry a requestId so a retried insert never makes a second VM.
   - Compares only what was asked for. Fields the API fills in (the NIC's subnetwork, networkIP,
@@ -36,7 +36,7 @@ description:
     state now (RV(status), RV(machine_type)...).
   - Supports check mode (only reads are sent) and diff mode.
 version_added: "0.1.0"
-author: gemma-rig contributors
+author: gemma-rig contributors !UNKNOWN
 requirements:
   - google-cloud-compute >= 1.56
   - google-auth

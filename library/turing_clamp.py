@@ -20,10 +20,10 @@ description:
   - Before writing, it checks that the code around the insertion point is vLLM 0.29.0's; if an
     anchor is missing it fails, names the anchor, and changes nothing. The patched file is
     compiled before it replaces the original (atomically, keeping owner and mode).
-  - The same logic runs standalone as the service's C(ExecStartPre) check
-    (C(python module_utils/turing_clamp.py check --python PY)).
+  - The same logic runs standalone as the vllm service's C(ExecStartPre) check
+    (C(clamp-check check --python PY), installed by the vllm_service role).
 version_added: "0.1.0"
-author: gemma-rig contributors
+author: gemma-rig contributors !UNKNOWN
 options:
   path:
     description:
@@ -50,8 +50,10 @@ options:
     default: 60000
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
 notes:
   - Reinstalling or upgrading vLLM removes the clamp; the vllm service refuses to start without it.

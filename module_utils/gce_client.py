@@ -58,7 +58,7 @@ def credentials(auth_kind: str, service_account_file: str | None) -> Any:
             raise ValueError("auth_kind=serviceaccount needs service_account_file")
         return service_account.Credentials.from_service_account_file(service_account_file, scopes=SCOPES)
     try:
-        creds, _ = google.auth.default(scopes=SCOPES)
+        creds, _project = google.auth.default(scopes=SCOPES)
     except google.auth.exceptions.DefaultCredentialsError as exc:
         raise ValueError(
             "no Google Cloud credentials found: run `gcloud auth application-default login`, set "

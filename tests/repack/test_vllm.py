@@ -24,7 +24,7 @@ from tests.vllm_server import RIG_DTYPE, serve
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 LM_ONLY = ["--language-model-only"]
-# (build, dtype, extra flags). emb4 needs plugins/vllm_cpu_int4_embedding installed in this venv;
+# (build, dtype, extra flags). emb4 needs roles/vllm/files/vllm_cpu_int4_embedding installed in this venv;
 # text-kv is the layout with k_proj/v_proj/k_norm present for the KV-shared layers. w4a16 runs in
 # float16, the T4's datapath, whose 8x finer rounding makes the log-probability check sharp
 # (see TOLERANCE); the others run the local rig's bf16.

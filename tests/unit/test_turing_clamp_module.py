@@ -14,7 +14,8 @@ import pytest
 from tests.conftest import ROOT, VENV_BIN
 from tests.unit.test_turing_clamp import copy_of_vllm_file, tc
 
-CHECK = ROOT / "module_utils" / "turing_clamp.py"
+# The ExecStartPre front end as the vllm_service role ships it, beside its copy of the clamp.
+CHECK = ROOT / "roles" / "vllm_service" / "files" / "clamp_check.py"
 
 
 def playbook(tmp_path: Path, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -169,9 +170,13 @@ def test_clamp_check_runs_with_the_interpreter_it_checks(tmp_path: Path) -> None
     """As ExecStartPre runs it: ``<venv>/bin/python clamp-check check``, no --python."""
     python, target = fake_venv(tmp_path)
     target.write_text(tc.apply(target.read_text()))
-    installed = tmp_path / "clamp-check"
+    libexec = tmp_path / "libexec"
+    libexec.mkdir()
+    installed = libexec / "clamp-check"
     installed.write_bytes(CHECK.read_bytes())
-    res = subprocess.run([str(python), str(installed), "check"], capture_output=True, text=True)
+    (libexec / "turing_clamp.py").write_bytes((CHECK.parent / "turing_clamp.py").read_bytes())
+    # -I as in the unit: the script's own directory is not on sys.path unless it puts it there.
+    res = subprocess.run([str(python), "-I", str(installed), "check"], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
 
 
