@@ -76,6 +76,7 @@ def test_accuracy_on_the_local_rig_against_itself_is_zero(local_rig, tmp_path: P
     assert first.rc == 0, first.output[-6000:]
     scores = fetch / f"rig-local-{serving.key}.json"
     data = json.loads(scores.read_text())
+    assert data["model"] == serving.key  # labelled with what the rig serves, checked at the source
     assert len(data["scores"]) == len(DEFAULT_OUT.read_text().splitlines())
     kept = tmp_path / "first.json"
     kept.write_text(scores.read_text())
