@@ -1,7 +1,9 @@
 """The local rig, stood up once per session from nothing by site.yml and shared by e2e tests.
 
 Test files run in name order: test_00_site (bring-up, re-run, check mode), then the tests that
-use the running rig, then test_99_teardown.
+use the running rig, then test_99_teardown. Each file declares the rig state it starts from
+(`RIG_START`), and `rig_start` checks it before the file's first test: no file silently depends on
+what the one before it left.
 """
 
 from __future__ import annotations
@@ -12,11 +14,16 @@ from dataclasses import dataclass
 import pytest
 
 from tests.ansible_run import PlaybookRun, run_playbook
-from tests.e2e.rig import podman, rig_containers
+from tests.e2e.rig import assert_closed, assert_serving, podman, rig_containers
 
 CONTAINER = "gemma-rig"
 PORT = 8000
 MODEL = "tiny-emb4"
+
+# The start states a file can declare in `RIG_START` (CONTRIBUTING.md, "Skips and the e2e order").
+NONE = "none"  # no expectation: the file stands the rig up (test_00) or removes it (test_99)
+DEFAULT = "default"  # as site.yml leaves it: active, serving tiny-emb4 (checked at the source), closed
+START_STATES = (NONE, DEFAULT)
 
 
 @dataclass
@@ -44,3 +51,15 @@ def local_rig() -> LocalRig:
     run = run_playbook("site.yml")
     assert run.rc == 0, run.output[-6000:]
     return LocalRig(CONTAINER, PORT, MODEL, run)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def rig_start(request: pytest.FixtureRequest) -> None:
+    """Check, before a file's first test, the rig state the file declares in RIG_START."""
+    start = getattr(request.module, "RIG_START", None)
+    assert start in START_STATES, f"{request.module.__name__} declares no RIG_START (one of {START_STATES})"
+    if start == NONE:
+        return
+    rig: LocalRig = request.getfixturevalue("local_rig")
+    assert_serving(rig.container, rig.port, rig.model)
+    assert_closed(rig.container)

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import subprocess
 import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from tests.conftest import ROOT
 
 
 def chat(
@@ -49,3 +57,123 @@ def rig_containers() -> list[str]:
     """Names of the e2e inventories' containers, running or not, that the rig playbooks made."""
     result = podman("ps", "-a", "--filter", "label=gemma-rig=true", "--format", "{{.Names}}")
     return [name for name in result.stdout.split() if name in E2E_CONTAINERS]
+
+
+# --- what a rig serves, checked at the source -----------------------------------------------------
+
+MODELS_DIR = "/opt1/models"  # rig_models_dir (inventory/group_vars/all/rig.yml)
+CURRENT = f"{MODELS_DIR}/current"  # the link vLLM loads (RIG_MODEL in tpu.env)
+ENV_FILE = "/etc/gemma-rig/tpu.env"
+CATALOG = ROOT / "inventory" / "group_vars" / "all" / "models.yml"
+
+# What vLLM 0.29 logs, for each catalog build (`source.target` of a repack entry), in the start
+# that loaded it: the engine config line's `quantization=` (the checkpoint's quant_method) and the
+# compressed-tensors schemes it picked for the linear layers ("Using <kernel> for <scheme>" or
+# "Selected <kernel> for <scheme>"). The repack role writes every build as compressed-tensors, so
+# `quantization=` alone cannot tell them apart; the scheme can: int4 weight-only groups (emb4,
+# text, w4a16) load as CompressedTensorsWNA16, int8 weights with dynamic per-token int8
+# activations (w8a8) as CompressedTensorsW8A8Int8. emb4, text and w4a16 log the same (they differ
+# in the embeddings and the towers, which vLLM does not log a scheme for): the checkpoint's
+# manifest, checked beside this, tells them apart.
+LOGGED_QUANTIZATION: dict[str, tuple[str, frozenset[str]]] = {
+    "emb4": ("compressed-tensors", frozenset({"CompressedTensorsWNA16"})),
+    "text": ("compressed-tensors", frozenset({"CompressedTensorsWNA16"})),
+    "w4a16": ("compressed-tensors", frozenset({"CompressedTensorsWNA16"})),
+    "w8a8": ("compressed-tensors", frozenset({"CompressedTensorsW8A8Int8"})),
+}
+ENGINE_LINE = "Initializing a V1 LLM engine"
+SCHEME = re.compile(r"\b(?:Using|Selected) \w+ for (CompressedTensors\w+)")
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What a rig serves, each part read where it is decided (see assert_serving)."""
+
+    key: str  # the name /v1/models lists
+    target: str  # where `current` points
+    version: str  # the checkpoint's version: the short hash of its MANIFEST.sha256
+    quantization: str  # `quantization=` in this start's engine config line
+    schemes: frozenset[str]  # the compressed-tensors schemes this start loaded
+    invocation: str  # the unit's InvocationID: the start all of the above was read from
+
+
+def rig_sh(container: str, script: str) -> str:
+    """Run a shell script in a rig's container; fail on a non-zero exit."""
+    result = podman("exec", container, "sh", "-c", script)
+    assert result.returncode == 0, f"{script!r} on {container}: {result.stderr or result.stdout}"
+    return result.stdout
+
+
+def load_catalog(path: Path = CATALOG) -> dict[str, dict]:
+    """The model catalog (rig_models) of a catalog file: the inventory's, or a test's copy."""
+    return yaml.safe_load(path.read_text())["rig_models"]
+
+
+def controller_checkpoint(key: str, entry: dict) -> Path:
+    """Where the controller keeps the checkpoint of a catalog entry (checkpoint_source_dir)."""
+    source = entry["source"]
+    if source["kind"] == "dir":
+        return Path(source["path"])
+    assert source["kind"] == "repack", f"{key}: a {source['kind']} entry has no controller checkpoint"
+    return ROOT / "build" / "models" / key
+
+
+def manifest_version(text: str) -> str:
+    """A checkpoint's version: the first 12 hex digits of its MANIFEST.sha256's sha256 (written out
+    here, not imported from the checkpoint role, so that a change there shows as a mismatch)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def assert_serving(
+    container: str, port: int, key: str, *, catalog: dict[str, dict] | None = None, build: str | None = None
+) -> Serving:
+    """Fail unless the rig in ``container`` (vLLM on ``port``) serves the catalog build ``key``.
+
+    Checked where each part is decided, not from the inventory: the name vLLM lists; the unit is
+    active; `current` points at ``<models>/<key>-<version>``, the directory holds the manifest
+    whose hash is that version, that manifest is the controller's for ``key`` and the directory's
+    files match it; and the quantization vLLM logged for this start of the unit (this invocation's
+    journal only) is the one ``key``'s build loads as (LOGGED_QUANTIZATION). ``build`` names the
+    build for a `dir` entry (the catalog says only where its files are).
+    """
+    catalog = load_catalog() if catalog is None else catalog
+    assert key in catalog, f"{key} is not in the catalog: {sorted(catalog)}"
+    build = build or catalog[key]["source"].get("target")
+    assert build in LOGGED_QUANTIZATION, f"{key}: no logged quantization known for build {build!r}"
+
+    assert served_models(port) == [key], f"{container} lists {served_models(port)}, expected [{key}]"
+    state = rig_sh(container, "systemctl show vllm -p ActiveState --value").strip()
+    assert state == "active", f"{container}: vllm.service is {state}"
+
+    target = rig_sh(container, f"readlink {CURRENT}").strip()
+    rig_manifest = rig_sh(container, f"cat {target}/MANIFEST.sha256")
+    version = manifest_version(rig_manifest)
+    assert target == f"{MODELS_DIR}/{key}-{version}", (
+        f"{container}: {CURRENT} -> {target}, expected {MODELS_DIR}/{key}-{version} (the hash of its manifest)"
+    )
+    ours = (controller_checkpoint(key, catalog[key]) / "MANIFEST.sha256").read_text()
+    assert rig_manifest == ours, f"{container}: {target}'s manifest is not the controller's for {key}"
+    rig_sh(container, f"cd {target} && sha256sum --check --quiet --strict MANIFEST.sha256")
+
+    invocation = rig_sh(container, "systemctl show vllm -p InvocationID --value").strip()
+    assert invocation, f"{container}: vllm.service has no InvocationID"
+    journal = rig_sh(container, f"journalctl --no-pager -o cat _SYSTEMD_INVOCATION_ID={invocation}")
+    engine = [line for line in journal.splitlines() if ENGINE_LINE in line]
+    assert len(engine) == 1, f"{container}: {len(engine)} engine config lines in this start's journal"
+    found = re.search(r"\bquantization=([^,\s]+),", engine[0])
+    assert found, engine[0]
+    assert f"served_model_name={key}," in engine[0], engine[0]
+    logged = (found[1], frozenset(SCHEME.findall(journal)))
+    assert logged == LOGGED_QUANTIZATION[build], (
+        f"{container} serving {key} ({build}): vLLM logged quantization={logged[0]}, schemes "
+        f"{sorted(logged[1])} in this start; {build} loads as {LOGGED_QUANTIZATION[build][0]}, "
+        f"{sorted(LOGGED_QUANTIZATION[build][1])}"
+    )
+    return Serving(key, target, version, logged[0], logged[1], invocation)
+
+
+def assert_closed(container: str) -> None:
+    """The rig's endpoint as site.yml leaves it by default: bound to loopback, no API key."""
+    env = rig_sh(container, f"cat {ENV_FILE}").splitlines()
+    assert "RIG_HOST=127.0.0.1" in env, f"{container}: the endpoint is not bound to loopback"
+    assert not any(line.startswith("VLLM_API_KEY=") for line in env), f"{container}: tpu.env holds an API key"

@@ -5,14 +5,15 @@ from __future__ import annotations
 import pytest
 
 from tests.ansible_run import run_playbook
-from tests.e2e.rig import chat, served_models, unit_started_at
+from tests.e2e.rig import assert_serving, chat, unit_started_at
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+RIG_START = "none"  # this file stands the rig up
 
 
 def test_site_stands_up_a_rig_that_answers(local_rig, figure) -> None:
     figure("site.yml from nothing to a healthy rig", f"{local_rig.bring_up.seconds:.0f} s")
-    assert served_models(local_rig.port) == [local_rig.model]
+    assert_serving(local_rig.container, local_rig.port, local_rig.model)
     answer = chat(local_rig.port, local_rig.model, "What is the capital of France?")
     assert answer["model"] == local_rig.model
     assert answer["usage"]["completion_tokens"] > 0

@@ -18,6 +18,7 @@ from tests.conftest import ROOT
 from tests.e2e.rig import podman
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+RIG_START = "default"  # serving tiny-emb4, closed: checked by conftest.rig_start
 
 ENV_FILE = "/etc/gemma-rig/tpu.env"
 MAX_EXPOSURE = 3.0  # systemd-analyze security's scale: 0 (locked down) to 10 (exposed)

@@ -13,9 +13,10 @@ import yaml
 
 from tests.ansible_run import PlaybookRun, run_playbook
 from tests.conftest import ROOT
-from tests.e2e.rig import chat, served_models, unit_started_at
+from tests.e2e.rig import assert_serving, chat, served_models, unit_started_at
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+RIG_START = "default"  # serving tiny-emb4, closed: checked by conftest.rig_start
 
 
 def swap(model: str, *args: str) -> PlaybookRun:
@@ -43,7 +44,7 @@ def test_swap_w4a16_to_w8a8_and_back(local_rig, figure) -> None:
         run = swap(model)
         assert run.rc == 0, run.output[-6000:]
         figure(f"swap to {model}", f"downtime {downtime(run):.1f} s, playbook {run.seconds:.0f} s")
-        assert served_models(local_rig.port) == [model]
+        assert_serving(local_rig.container, local_rig.port, model)
         assert chat(local_rig.port, model)["usage"]["completion_tokens"] > 0
 
 
@@ -71,11 +72,13 @@ def broken_catalog(tmp_path: Path, local_rig) -> Path:
 
 def test_broken_checkpoint_rolls_back_to_the_old_model(local_rig, broken_catalog, figure) -> None:
     before = served_models(local_rig.port)[0]
+    old = assert_serving(local_rig.container, local_rig.port, before)
     run = swap("tiny-broken", "-e", f"@{broken_catalog}")
     assert run.rc != 0
     assert f"swap {before} -> tiny-broken failed" in run.output, run.output[-6000:]
     assert f"Rolled back: {before} is serving again" in run.output
-    assert served_models(local_rig.port) == [before]
+    # The old checkpoint, the same version, again: what the rollback put back is what served before.
+    assert assert_serving(local_rig.container, local_rig.port, before).target == old.target
     assert chat(local_rig.port, before)["usage"]["completion_tokens"] > 0
     figure("failed swap rolled back", f"{run.seconds:.0f} s from start to old model answering")
 
@@ -83,4 +86,4 @@ def test_broken_checkpoint_rolls_back_to_the_old_model(local_rig, broken_catalog
 def test_swap_back_to_the_default(local_rig) -> None:
     run = swap(local_rig.model)
     assert run.rc == 0, run.output[-6000:]
-    assert served_models(local_rig.port) == [local_rig.model]
+    assert_serving(local_rig.container, local_rig.port, local_rig.model)

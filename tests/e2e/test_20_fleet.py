@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from tests.ansible_run import run_playbook
-from tests.e2e.rig import served_models, unit_started_at
+from tests.e2e.rig import assert_serving, unit_started_at
 from tests.e2e.test_10_swap import broken_catalog  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+RIG_START = "default"  # serving tiny-emb4, closed: checked by conftest.rig_start
 
 # Layered on the default inventory, so inventory/group_vars applies to rig-b too.
 FLEET = ("-i", "inventory/local.yml", "-i", str(Path(__file__).with_name("fleet.yml")))
@@ -33,20 +34,21 @@ def fleet(local_rig):
     # The next test files expect the shared rig as site.yml left it: serving tiny-emb4.
     back = run_playbook("swap.yml", "-e", f"model={local_rig.model}")
     assert back.rc == 0, back.output[-4000:]
-    assert served_models(local_rig.port) == [local_rig.model]
+    assert_serving(local_rig.container, local_rig.port, local_rig.model)
 
 
 def test_second_rig_joins_and_the_first_is_left_alone(fleet, figure) -> None:
     figure("site.yml with a second local rig beside the first", f"{fleet.seconds:.0f} s")
     assert fleet.recap["rig-local"]["changed"] == 0
-    assert served_models(RIGS["rig-b"][1]) == ["tiny-emb4"]
+    for container, port in RIGS.values():
+        assert_serving(container, port, "tiny-emb4")
 
 
 def test_rolling_swap_updates_one_rig_at_a_time(fleet) -> None:
     run = run_playbook("swap.yml", "-e", "model=tiny-w8a8", *FLEET)
     assert run.rc == 0, run.output[-6000:]
-    for _container, port in RIGS.values():
-        assert served_models(port) == ["tiny-w8a8"]
+    for container, port in RIGS.values():
+        assert_serving(container, port, "tiny-w8a8")
     # rig-b went down only after rig-local answered on its new model.
     assert run.output.index("rig-local: tiny-emb4 -> tiny-w8a8") < run.output.index(
         "rig-b: tiny-emb4 -> tiny-w8a8"
@@ -58,7 +60,7 @@ def test_query_and_status_follow_the_served_model(fleet, local_rig) -> None:
     """After the rolling swap rig-local serves tiny-w8a8 while the inventory says tiny-emb4:
     query.yml asks the served model (not a 404 for the inventory's) and status.yml says which
     it is and that the inventory differs. (Once its own file, which swapped there and back.)"""
-    assert served_models(local_rig.port) == ["tiny-w8a8"]
+    assert_serving(local_rig.container, local_rig.port, "tiny-w8a8")
     query = run_playbook("playbooks/query.yml", "-e", "max_tokens=16")
     assert query.rc == 0, query.output[-6000:]
     assert "tiny-w8a8: " in query.output and "does not exist" not in query.output
@@ -72,6 +74,6 @@ def test_broken_model_stops_the_rollout_at_the_first_rig(fleet, broken_catalog) 
     run = run_playbook("swap.yml", "-e", "model=tiny-broken", "-e", f"@{broken_catalog}", *FLEET)
     assert run.rc != 0
     assert "swap tiny-w8a8 -> tiny-broken failed on rig-local" in run.output, run.output[-6000:]
-    for _container, port in RIGS.values():
-        assert served_models(port) == ["tiny-w8a8"]
+    for container, port in RIGS.values():
+        assert_serving(container, port, "tiny-w8a8")
     assert unit_started_at("gemma-rig-b") == b_started  # the rollout never reached rig-b

@@ -16,12 +16,14 @@ from evidence.mcdata import DEFAULT_OUT
 from evidence.report import validate
 from tests.ansible_run import run_playbook
 from tests.bench_grid import REDUCED_GRID
-from tests.e2e.rig import served_models
+from tests.e2e.rig import assert_serving
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+RIG_START = "default"  # serving tiny-emb4, closed: checked by conftest.rig_start
 
 
 def test_bench_on_the_local_rig_records_a_run(local_rig, tmp_path: Path, figure) -> None:
+    serving = assert_serving(local_rig.container, local_rig.port, local_rig.model)
     runs = tmp_path / "runs"
     run = run_playbook(
         "playbooks/bench.yml",
@@ -36,9 +38,10 @@ def test_bench_on_the_local_rig_records_a_run(local_rig, tmp_path: Path, figure)
     rec = json.loads((out / "run.json").read_text())
     validate(rec)
     assert rec["hardware"]["platform"] == "local"
-    # Labelled with what the rig serves (tpu.env's key, as vLLM lists it), not the inventory's model.
-    assert rec["model"]["key"] == rec["model"]["served_name"] == served_models(local_rig.port)[0]
-    assert rec["model"]["key"] == local_rig.model  # test_20_fleet put tiny-emb4 back
+    # Labelled with what the rig serves, checked at the source before the run and after it: the
+    # same start of the unit (one invocation) served the whole run, so the record measured it.
+    assert rec["model"]["key"] == rec["model"]["served_name"] == serving.key
+    assert assert_serving(local_rig.container, local_rig.port, serving.key) == serving
     assert rec["provenance"]["kind"] == "measured"
     # From the unit's journal (this start only): version, KV cache, the tiny model's settings.
     assert rec["software"]["vllm_version"] == "0.29.0"
@@ -65,13 +68,15 @@ def test_bench_on_the_local_rig_records_a_run(local_rig, tmp_path: Path, figure)
 
 
 def test_accuracy_on_the_local_rig_against_itself_is_zero(local_rig, tmp_path: Path, figure) -> None:
+    serving = assert_serving(local_rig.container, local_rig.port, local_rig.model)
     fetch = tmp_path / "acc"
     first = run_playbook(
         "playbooks/accuracy.yml", extra_vars={"accuracy_fetch_root": str(fetch)}, timeout=1800
     )
     assert first.rc == 0, first.output[-6000:]
-    scores = fetch / f"rig-local-{local_rig.model}.json"
+    scores = fetch / f"rig-local-{serving.key}.json"
     data = json.loads(scores.read_text())
+    assert data["model"] == serving.key  # labelled with what the rig serves, checked at the source
     assert len(data["scores"]) == len(DEFAULT_OUT.read_text().splitlines())
     kept = tmp_path / "first.json"
     kept.write_text(scores.read_text())
@@ -81,6 +86,7 @@ def test_accuracy_on_the_local_rig_against_itself_is_zero(local_rig, tmp_path: P
         timeout=1800,
     )
     assert again.rc == 0, again.output[-6000:]
-    res = json.loads((fetch / f"rig-local-{local_rig.model}.compare.json").read_text())
+    res = json.loads((fetch / f"rig-local-{serving.key}.compare.json").read_text())
+    assert assert_serving(local_rig.container, local_rig.port, serving.key) == serving  # one start, both runs
     assert (res["diff"], res["ci_low"], res["ci_high"]) == (0.0, 0.0, 0.0)
     figure("accuracy, local rig build against itself", f"{res['acc_a']:.1f}% both, +0.0 (+0.0 to +0.0)")

@@ -17,9 +17,10 @@ import pytest
 import yaml
 
 from tests.ansible_run import run_playbook
-from tests.e2e.rig import unit_started_at
+from tests.e2e.rig import assert_serving, unit_started_at
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+RIG_START = "default"  # serving tiny-emb4, closed: checked by conftest.rig_start
 
 
 def play(tmp_path: Path, marker: str) -> Path:
@@ -36,6 +37,7 @@ def play(tmp_path: Path, marker: str) -> Path:
 
 
 def test_a_cold_start_is_restarted_once_and_both_kv_sizes_reported(local_rig, tmp_path: Path) -> None:
+    cold = assert_serving(local_rig.container, local_rig.port, local_rig.model)
     before = unit_started_at(local_rig.container)
     run = run_playbook(str(play(tmp_path, "a line no vLLM start ever logs")))
     assert run.rc == 0, run.output[-4000:]
@@ -47,6 +49,8 @@ def test_a_cold_start_is_restarted_once_and_both_kv_sizes_reported(local_rig, tm
     found = re.search(r"KV cache tokens: cold start ([0-9,]+), after the restart ([0-9,]+)", run.output)
     assert found, run.output[-3000:]
     assert all(int(n.replace(",", "")) > 0 for n in found.groups())
+    # The start after the restart serves the same build: read from its own journal, not the cold one's.
+    assert assert_serving(local_rig.container, local_rig.port, local_rig.model).invocation != cold.invocation
 
 
 def test_a_warm_start_is_left_alone(local_rig, tmp_path: Path) -> None:
@@ -55,3 +59,4 @@ def test_a_warm_start_is_left_alone(local_rig, tmp_path: Path) -> None:
     assert run.rc == 0, run.output[-4000:]
     assert run.total("changed") == 0
     assert unit_started_at(local_rig.container) == before
+    assert_serving(local_rig.container, local_rig.port, local_rig.model)

@@ -1,7 +1,7 @@
 """A controller killed in the middle of a swap leaves a rig that serves a verified model.
 
-On the session's shared rig (rig-local), as the last test file before test_99_teardown, so nothing
-after it depends on the state the kills leave (a second rig of its own cost a whole bring-up).
+On the session's shared rig (rig-local) (a second rig of its own cost a whole bring-up); it swaps
+tiny-emb4 back at the end, so the next file starts from the state it declares.
 The controller is killed (SIGKILL to ansible-playbook and every process under it, as a dead laptop
 would) at each phase of a swap: while pushing, right after the switch, while vLLM restarts. Each
 kill point waits for a marker on the rig (the swap journal's phase, the staged file's size), never a
@@ -30,9 +30,10 @@ import yaml
 
 from tests.ansible_run import PlaybookRun, run_playbook
 from tests.conftest import ROOT, VENV_BIN
-from tests.e2e.rig import chat, podman, served_models, unit_started_at
+from tests.e2e.rig import assert_serving, chat, load_catalog, podman, served_models, unit_started_at
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+RIG_START = "default"  # serving tiny-emb4, closed: checked by conftest.rig_start
 
 CONTAINER = "gemma-rig"
 PORT = 8000
@@ -64,9 +65,13 @@ def catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def rig(catalog: Path, local_rig):
-    """The shared rig as the e2e files before this one left it: serving tiny-emb4."""
+    """The shared rig serving tiny-emb4 (conftest.rig_start checked it); put back at the end, so
+    the next file starts from it too."""
     assert local_rig.model == OLD
     yield catalog
+    run = swap(OLD, catalog)
+    assert run.rc == 0, run.output[-6000:]
+    serves(catalog, OLD)
 
 
 # --- the rig --------------------------------------------------------------------------------------
@@ -96,9 +101,15 @@ def wait_for(what: str, probe: Callable[[], object], timeout: float = SERVE_TIME
     raise AssertionError(f"gave up waiting for {what} after {timeout:.0f} s; journal: {journal()}")
 
 
-def serves(model: str) -> None:
-    """vLLM on the rig lists ``model`` and answers a chat with it."""
+# The build each key is: crash-b is a `dir` entry, whose catalog entry does not say.
+BUILDS = {OLD: "emb4", NEW: "emb4"}
+
+
+def serves(catalog: Path, model: str) -> None:
+    """vLLM on the rig lists ``model``, serves its checkpoint (checked at the source:
+    assert_serving) and answers a chat with it."""
     wait_for(f"{model} to be served", lambda: served_models(PORT) == [model])
+    assert_serving(CONTAINER, PORT, model, catalog=load_catalog(catalog), build=BUILDS[model])
     assert chat(PORT, model)["usage"]["completion_tokens"] > 0
 
 
@@ -173,7 +184,7 @@ def sent_bytes(run: PlaybookRun) -> tuple[int, int]:
 
 
 def test_killed_while_pushing(rig: Path, tmp_path: Path, figure) -> None:
-    serves(OLD)
+    serves(rig, OLD)
     started = unit_started_at(CONTAINER)
     proc = start_swap(
         NEW, rig, "-e", '{"checkpoint_push_rsync_opts": ["--bwlimit=2000"]}', log=tmp_path / "swap.log"
@@ -187,9 +198,9 @@ def test_killed_while_pushing(rig: Path, tmp_path: Path, figure) -> None:
     assert unit_started_at(CONTAINER) == started  # the old model never stopped
 
     restart_vllm_once()
-    serves(OLD)
+    serves(rig, OLD)
     reboot()
-    serves(OLD)
+    serves(rig, OLD)
 
     run = swap(NEW, rig)
     assert run.rc == 0, run.output[-6000:]
@@ -202,12 +213,12 @@ def test_killed_while_pushing(rig: Path, tmp_path: Path, figure) -> None:
     assert resumed >= 8 * 1024 * 1024
     # Only the rest of padding.dat and the small files after it travelled, not the whole file.
     assert sent < PADDING - resumed + 1024 * 1024
-    serves(NEW)
+    serves(rig, NEW)
     assert journal()["phase"] == "committed"
 
 
 def test_killed_right_after_the_switch(rig: Path, tmp_path: Path) -> None:
-    serves(NEW)
+    serves(rig, NEW)
     proc = start_swap(OLD, rig, log=tmp_path / "swap.log")
     wait_for(
         "the switch", lambda: journal().get("phase") in ("switching", "trial") and journal()["to"] == OLD
@@ -218,11 +229,11 @@ def test_killed_right_after_the_switch(rig: Path, tmp_path: Path) -> None:
     # and the unverified new model gets its one trial start.
     wait_for("the trial start", lambda: journal().get("phase") == "trial")
     restart_vllm_once()
-    serves(NEW)  # the old, verified model, within that one restart
+    serves(rig, NEW)  # the old, verified model, within that one restart
     assert journal()["phase"] == "reverted"
     assert rig_sh("readlink /opt1/models/current").strip() == journal()["from_target"]
     reboot()
-    serves(NEW)
+    serves(rig, NEW)
 
     run = swap(OLD, rig)
     assert run.rc == 0, run.output[-6000:]
@@ -230,11 +241,11 @@ def test_killed_right_after_the_switch(rig: Path, tmp_path: Path) -> None:
         f"interrupted swap {NEW} -> {OLD} (phase reverted): rolled back, {NEW} was serving already (no restart)"
         in said(run)
     )
-    serves(OLD)
+    serves(rig, OLD)
 
 
 def test_killed_while_vllm_restarts(rig: Path, tmp_path: Path) -> None:
-    serves(OLD)
+    serves(rig, OLD)
     proc = start_swap(NEW, rig, log=tmp_path / "swap.log")
     wait_for("the trial start", lambda: journal().get("phase") == "trial" and journal()["to"] == NEW)
     kill_controller(proc)
@@ -248,9 +259,9 @@ def test_killed_while_vllm_restarts(rig: Path, tmp_path: Path) -> None:
     assert f"rig-local already serves {NEW}: nothing to do" in said(run)
     assert journal()["phase"] == "committed"
     restart_vllm_once()
-    serves(NEW)
+    serves(rig, NEW)
     reboot()
-    serves(NEW)
+    serves(rig, NEW)
 
 
 # --- the unit gives up ----------------------------------------------------------------------------
@@ -290,7 +301,7 @@ def test_a_missing_clamp_makes_the_unit_give_up_with_the_reason(rig: Path) -> No
         assert "clamp-check: turing clamp missing from" in said(run)
     finally:
         rig_sh(f"cp /opt1/attention.orig {ATTENTION}; systemctl reset-failed vllm; systemctl start vllm")
-    serves(serving)
+    serves(rig, serving)
 
 
 def test_status_names_the_last_swap(rig: Path) -> None:

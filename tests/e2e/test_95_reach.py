@@ -31,6 +31,7 @@ from tests.e2e.rig import podman
 from tests.secret_watch import CmdlineSampler
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+RIG_START = "default"  # serving tiny-emb4, closed: checked by conftest.rig_start
 
 NS = "gemma-rig-client"
 HOST_IF, NS_IF = "grc-host", "grc-client"
