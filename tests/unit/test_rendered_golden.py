@@ -92,6 +92,11 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> Path:
                     },
                 },
                 {
+                    # validate looks the model up in the catalog; render reads what it found.
+                    "name": "Check the variables",
+                    "ansible.builtin.include_role": {"name": "rig_config", "tasks_from": "validate"},
+                },
+                {
                     "name": "Render tpu.env",
                     "ansible.builtin.include_role": {"name": "rig_config", "tasks_from": "render"},
                 },
