@@ -14,19 +14,20 @@ _spec = importlib.util.spec_from_file_location("rigctl", ROOT / "roles/vllm_serv
 rigctl = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(rigctl)
 
-# systemd 252's `systemctl show vllm -p ExecStartPre`, as the e2e rig prints it.
-EXEC_START_PRE = (
-    "{ path=/usr/bin/python3 ; argv[]=/usr/bin/python3 -I /usr/local/libexec/gemma-rig/swap-journal "
-    "--state-dir /var/lib/gemma-rig --env-file /etc/gemma-rig/tpu.env --current /opt1/models/current "
-    "--unit vllm guard ; ignore_errors=no ; start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; "
-    "status=0/0 } ; { path=/opt1/venv/bin/python ; argv[]=/opt1/venv/bin/python -I "
-    "/usr/local/libexec/gemma-rig/clamp-check check --python /opt1/venv/bin/python ; ignore_errors=no ; "
-    "start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }"
-)
+# systemd 252's `systemctl show vllm`, as the e2e rig prints it: one ExecStartPre= line per command.
+SHOW = """\
+ExecStartPre={ path=/usr/bin/python3 ; argv[]=/usr/bin/python3 -I /usr/local/libexec/gemma-rig/swap-journal \
+--state-dir /var/lib/gemma-rig --env-file /etc/gemma-rig/tpu.env --current /opt1/models/current --unit vllm guard ; \
+ignore_errors=no ; start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }
+ExecStartPre={ path=/opt1/venv/bin/python ; argv[]=/opt1/venv/bin/python -I /usr/local/libexec/gemma-rig/clamp-check \
+check --python /opt1/venv/bin/python ; ignore_errors=no ; start_time=[n/a] ; stop_time=[n/a] ; pid=0 ; \
+code=(null) ; status=0/0 }
+EnvironmentFiles=/etc/gemma-rig/tpu.env (ignore_errors=no)
+"""
 
 
 def test_exec_start_pre_lines_are_read_as_argvs() -> None:
-    argvs = rigctl.exec_argvs(EXEC_START_PRE)
+    argvs = rigctl.exec_argvs(rigctl.parse_show(SHOW)["ExecStartPre"])
     assert argvs[1] == ["/opt1/venv/bin/python", "-I", "/usr/local/libexec/gemma-rig/clamp-check", "check",
                         "--python", "/opt1/venv/bin/python"]
     assert argvs[0][argvs[0].index("--state-dir") + 1] == "/var/lib/gemma-rig"

@@ -59,9 +59,20 @@ def unit_props(unit: str) -> dict[str, str]:
     res = run(["systemctl", "show", unit, "--no-pager"])
     if res.returncode != 0:
         raise RigctlError(f"systemctl show {unit} failed: {(res.stderr or res.stdout).strip()}", EXIT_NO_CONFIG)
-    props = dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
+    props = parse_show(res.stdout)
     if props.get("LoadState") == "not-found":
         raise RigctlError(f"{unit}.service is not installed on this host", EXIT_NO_CONFIG)
+    return props
+
+
+def parse_show(text: str) -> dict[str, str]:
+    """`systemctl show` output as a dict; a property listed on several lines (one ExecStartPre=
+    per command) keeps every line, joined by newlines."""
+    props: dict[str, str] = {}
+    for line in text.splitlines():
+        if "=" in line:
+            key, value = line.split("=", 1)
+            props[key] = f"{props[key]}\n{value}" if key in props else value
     return props
 
 
