@@ -259,7 +259,7 @@ class RigServer:
         with self.mutating(rigs, f"swap of {', '.join(rigs)} to {model}"):
             run = await self.play(ctx, "playbooks/swap.yml", ",".join(rigs), {"model": model})
         said = [r["res"].get("msg") for r in run.results
-                if r["task"].startswith("Report") and isinstance(r["res"].get("msg"), str)]
+                if r["task"].startswith(("Report", "Say")) and isinstance(r["res"].get("msg"), str)]
         return self.redact({"model": model, "rigs": rigs, "messages": said})
 
     async def bench(self, rig: str, quick: bool, ctx: Context | None = None) -> dict[str, Any]:

@@ -4,6 +4,7 @@ secret redaction, the capacity terms, and the generated tool list in docs/mcp.md
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -238,3 +239,31 @@ def test_the_server_runs_over_stdio_and_answers_list_rigs(repo_root: Path) -> No
     result = anyio.run(go)
     assert not result.is_error, result.content
     assert result.structured_content["result"][0]["rig"] == "rig-local"
+
+
+def test_the_server_serves_streamable_http_behind_a_flag(repo_root: Path) -> None:
+    """--http: the SDK's client reaches the tools at http://HOST:PORT/mcp."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "rig_mcp", "--read-only", "--http", "--port", str(port)],
+        cwd=repo_root, env={**os.environ, "PYTHONPATH": str(repo_root)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(200):  # until it listens (or exits)
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert server.poll() is None, "the HTTP server exited"
+            time.sleep(0.1)
+
+        async def go():
+            async with Client(f"http://127.0.0.1:{port}/mcp") as client:
+                return {t.name for t in (await client.list_tools()).tools}
+
+        assert anyio.run(go) == set(TOOLS) - set(MUTATING)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
