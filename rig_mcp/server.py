@@ -224,7 +224,7 @@ class RigServer:
             "reasoning_only": not answer,
         }
         if not answer:
-            result["note"] = (f"reasoning only: no answer within max_tokens={max_tokens}"
+            result["note"] = (f"reasoning only: no answer within max_tokens ({max_tokens}); raise it"
                               + (f" (reasoning so far: {len(reasoning)} characters)" if reasoning else ""))
         return self.redact(result)
 

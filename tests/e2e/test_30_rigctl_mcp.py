@@ -177,7 +177,7 @@ def test_read_only_tools_answer_from_the_rig(mcp_dirs, local_rig) -> None:
     query = got["query"]
     assert query["rig"] == RIG and query["model"] == local_rig.model
     assert query["usage"]["completion_tokens"] > 0
-    assert bool(query["answer"]) != query["reasoning_only"]
+    assert query["finish_reason"] in ("stop", "length"), query
 
 
 def test_swap_reports_progress_and_a_concurrent_call_is_busy(mcp_dirs, local_rig) -> None:

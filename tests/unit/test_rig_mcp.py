@@ -267,3 +267,26 @@ def test_the_server_serves_streamable_http_behind_a_flag(repo_root: Path) -> Non
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def chat_run(content: str | None, reasoning: str) -> PlayRun:
+    """query.yml's results as ansible-runner reports them: the chat completion's JSON, then the debug."""
+    doc = {"model": "tiny-emb4", "usage": {"prompt_tokens": 9, "completion_tokens": 32},
+           "choices": [{"finish_reason": "length",
+                        "message": {"content": content, "reasoning_content": reasoning}}]}
+    return PlayRun("playbooks/query.yml", "successful", 0, results=[
+        {"task": "Send a chat completion", "host": "rig-local", "res": {"json": doc}, "failed": False},
+        {"task": "Show the answer", "host": "rig-local", "res": {"msg": [f"tiny-emb4: {content or ''}"]},
+         "failed": False},
+    ])
+
+
+def test_query_flags_a_reply_that_is_reasoning_only(tmp_path) -> None:
+    runner = FakeRunner({"playbooks/query.yml": chat_run(None, "Let me think")})
+    got = call(Config(lock_dir=tmp_path), runner, "query", {"prompt": "Capital of France?", "max_tokens": 32})
+    assert got.structured_content["reasoning_only"] is True
+    assert got.structured_content["note"].startswith("reasoning only: no answer within max_tokens (32); raise it")
+    assert runner.calls == [("playbooks/query.yml", "rig-local", {"prompt": "Capital of France?", "max_tokens": 32})]
+    runner = FakeRunner({"playbooks/query.yml": chat_run("Paris", "Let me think")})
+    got = call(Config(lock_dir=tmp_path), runner, "query", {"prompt": "Capital of France?"})
+    assert got.structured_content["reasoning_only"] is False and got.structured_content["answer"] == "Paris"
