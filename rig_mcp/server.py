@@ -257,6 +257,11 @@ class RigServer:
         for rig in rigs:
             self.check_rig(rig)
         with self.mutating(rigs, f"swap of {', '.join(rigs)} to {model}"):
+            # Refused before anything is staged when the build does not fit a rig.
+            for rig in rigs:
+                fit = await self.check_capacity(rig, model, ctx)
+                if not fit["fits"]:
+                    raise ToolError(f"swap refused: {fit['summary']}")
             run = await self.play(ctx, "playbooks/swap.yml", ",".join(rigs), {"model": model})
         said = [r["res"].get("msg") for r in run.results
                 if r["task"].startswith(("Report", "Say")) and isinstance(r["res"].get("msg"), str)]

@@ -290,3 +290,21 @@ def test_query_flags_a_reply_that_is_reasoning_only(tmp_path) -> None:
     runner = FakeRunner({"playbooks/query.yml": chat_run("Paris", "Let me think")})
     got = call(Config(lock_dir=tmp_path), runner, "query", {"prompt": "Capital of France?"})
     assert got.structured_content["reasoning_only"] is False and got.structured_content["answer"] == "Paris"
+
+
+def capacity_run(disk_free: int) -> PlayRun:
+    facts = {"disk_free_bytes": disk_free, "disk_path": "/opt1", "mem_total_bytes": 8 * capacity.GIB,
+             "mem_available_bytes": 4 * capacity.GIB, "swap_total_bytes": 0, "accelerator_total_bytes": None}
+    return PlayRun("playbooks/capacity.yml", "successful", 0, results=[
+        {"task": "Show the capacity", "host": "rig-local", "res": {"msg": facts}, "failed": False}])
+
+
+def test_swap_is_refused_when_the_build_does_not_fit(tmp_path) -> None:
+    runner = FakeRunner({"playbooks/capacity.yml": capacity_run(10)})
+    got = call(Config(lock_dir=tmp_path), runner, "swap", {"model": "tiny-emb4", "rigs": ["rig-local"]})
+    assert got.is_error
+    assert got.content[0].text.endswith("swap refused: tiny-emb4 does not fit rig-local: disk is short by 0.00 GiB")
+    assert [c[0] for c in runner.calls] == ["playbooks/capacity.yml"]  # swap.yml never ran
+    runner = FakeRunner({"playbooks/capacity.yml": capacity_run(capacity.GIB)})
+    assert not call(Config(lock_dir=tmp_path), runner, "swap", {"model": "tiny-emb4", "rigs": ["rig-local"]}).is_error
+    assert [c[0] for c in runner.calls] == ["playbooks/capacity.yml", "playbooks/swap.yml"]
