@@ -29,9 +29,7 @@ class Term:
         return self.have_bytes - self.need_bytes
 
 
-def terms(
-    facts: dict, size_bytes: int, gpu_memory_utilization: float, cpu_kv_cache_bytes: int
-) -> list[Term]:
+def terms(facts: dict, size_bytes: int, gpu_memory_utilization: float, cpu_kv_cache_bytes: int) -> list[Term]:
     """The capacity terms for a build of ``size_bytes`` on a rig whose ``facts`` capacity.yml read."""
     out = [Term("disk", int(facts["disk_free_bytes"]), size_bytes)]
     accelerator = facts.get("accelerator_total_bytes")

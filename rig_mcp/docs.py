@@ -1,7 +1,7 @@
 """The tool list in docs/mcp.md, generated from the tools' own schemas so it cannot drift.
 
-    python -m rig_mcp.docs          # rewrite the list in docs/mcp.md
-    python -m rig_mcp.docs --check  # exit 1 when docs/mcp.md differs (the unit tests do the same)
+python -m rig_mcp.docs          # rewrite the list in docs/mcp.md
+python -m rig_mcp.docs --check  # exit 1 when docs/mcp.md differs (the unit tests do the same)
 """
 
 from __future__ import annotations
@@ -28,9 +28,16 @@ def _type(schema: dict[str, Any]) -> str:
 
 
 def _param(name: str, schema: dict[str, Any], required: bool) -> str:
-    bounds = [f"{word} {schema[key]}" for key, word in (("minimum", ">="), ("maximum", "<="),
-                                                         ("minLength", "min length"), ("minItems", "min items"))
-              if key in schema]
+    bounds = [
+        f"{word} {schema[key]}"
+        for key, word in (
+            ("minimum", ">="),
+            ("maximum", "<="),
+            ("minLength", "min length"),
+            ("minItems", "min items"),
+        )
+        if key in schema
+    ]
     default = "" if required else f", default {schema.get('default')!r}".replace("None", "none")
     extra = f" ({', '.join(bounds)})" if bounds else ""
     return f"`{name}` ({_type(schema)}{default}){extra}: {schema.get('description', '')}"
@@ -40,13 +47,18 @@ def tool_list() -> str:
     """The Markdown table of every tool, from the server's tools/list."""
     server = build(Config())
     tools = anyio.run(server.list_tools)
-    rows = ["| tool | mutating (locked; hidden by --read-only) | parameters | what it does |", "|---|---|---|---|"]
+    rows = [
+        "| tool | mutating (locked; hidden by --read-only) | parameters | what it does |",
+        "|---|---|---|---|",
+    ]
     for tool in tools:
         props = tool.input_schema.get("properties", {})
         required = set(tool.input_schema.get("required", []))
         params = "<br>".join(_param(n, s, n in required) for n, s in props.items()) or "none"
-        rows.append(f"| `{tool.name}` | {'yes (locked)' if tool.name in MUTATING else 'no'} | {params} "
-                    f"| {tool.description} |")
+        rows.append(
+            f"| `{tool.name}` | {'yes (locked)' if tool.name in MUTATING else 'no'} | {params} "
+            f"| {tool.description} |"
+        )
     return "\n".join(rows)
 
 

@@ -87,7 +87,10 @@ class PlaybookRunner:
     def inventory(self) -> dict[str, Any]:
         """`ansible-inventory --list` of the inventories (hosts, groups, host variables)."""
         out, err = ansible_runner.get_inventory(
-            action="list", inventories=self.inventories, response_format="json", quiet=True,
+            action="list",
+            inventories=self.inventories,
+            response_format="json",
+            quiet=True,
             envvars=environment(),
         )
         if not isinstance(out, dict):
@@ -114,9 +117,12 @@ class PlaybookRunner:
                 on_step(f"task: {data.get('task', '')}")
             elif kind in ("runner_on_ok", "runner_on_failed", "runner_on_unreachable", "runner_on_skipped"):
                 res = data.get("res", {}) or {}
-                failed = kind in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors")
-                run.results.append({"task": data.get("task", ""), "host": data.get("host", ""), "res": res,
-                                    "failed": failed})
+                failed = kind in ("runner_on_failed", "runner_on_unreachable") and not data.get(
+                    "ignore_errors"
+                )
+                run.results.append(
+                    {"task": data.get("task", ""), "host": data.get("host", ""), "res": res, "failed": failed}
+                )
                 if failed and run.failure is None:
                     run.failure = Failure(data.get("host", ""), data.get("task", ""), failure_message(res))
             # False: ansible-runner keeps no copy of the event on disk.

@@ -35,7 +35,9 @@ class Redactor:
         # NAME=value (tpu.env lines, environments) and "NAME": "value" (JSON, YAML dumps).
         value = re.sub(r"(?P<head>\b(?P<key>[A-Za-z_][A-Za-z0-9_]*)=)[^\s'\",]+", self._pair, value)
         return re.sub(
-            r"(?P<head>[\"']?(?P<key>[A-Za-z_][A-Za-z0-9_]*)[\"']?\s*:\s*)[\"'][^\"']*[\"']", self._pair, value
+            r"(?P<head>[\"']?(?P<key>[A-Za-z_][A-Za-z0-9_]*)[\"']?\s*:\s*)[\"'][^\"']*[\"']",
+            self._pair,
+            value,
         )
 
     def __call__(self, value: Any) -> Any:
@@ -44,6 +46,8 @@ class Redactor:
         if isinstance(value, list | tuple):
             return [self(v) for v in value]
         if isinstance(value, dict):
-            return {k: (MASK if isinstance(k, str) and self.name.search(k) and isinstance(v, str) else self(v))
-                    for k, v in value.items()}
+            return {
+                k: (MASK if isinstance(k, str) and self.name.search(k) and isinstance(v, str) else self(v))
+                for k, v in value.items()
+            }
         return value

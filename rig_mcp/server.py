@@ -76,8 +76,14 @@ class RigServer:
         if self._inventory is None:
             self._inventory = self.runner.inventory()
             hostvars = self._inventory.get("_meta", {}).get("hostvars", {})
-            patterns = next((hv.get("rig_secret_name_patterns") for hv in hostvars.values()
-                             if hv.get("rig_secret_name_patterns")), DEFAULT_PATTERNS)
+            patterns = next(
+                (
+                    hv.get("rig_secret_name_patterns")
+                    for hv in hostvars.values()
+                    if hv.get("rig_secret_name_patterns")
+                ),
+                DEFAULT_PATTERNS,
+            )
             self.redact = Redactor(patterns)
         return self._inventory
 
@@ -157,17 +163,30 @@ class RigServer:
         out = []
         for rig in self.rig_names():
             hv = self.hostvars(rig)
-            out.append({"rig": rig, "platform": hv.get("rig_platform"), "host": hv.get("ansible_host", rig),
-                        "port": hv.get("rig_port"), "inventory_model": hv.get("rig_model")})
+            out.append(
+                {
+                    "rig": rig,
+                    "platform": hv.get("rig_platform"),
+                    "host": hv.get("ansible_host", rig),
+                    "port": hv.get("rig_port"),
+                    "inventory_model": hv.get("rig_model"),
+                }
+            )
         return self.redact(out)
 
     def list_models(self) -> list[dict[str, Any]]:
         out = []
         for name, entry in sorted(self.catalog().items()):
             source = entry.get("source", {})
-            out.append({"model": name, "description": entry.get("description", ""),
-                        "kind": source.get("kind"), "target": source.get("target"),
-                        "size_bytes": entry.get("size_bytes")})
+            out.append(
+                {
+                    "model": name,
+                    "description": entry.get("description", ""),
+                    "kind": source.get("kind"),
+                    "target": source.get("target"),
+                    "size_bytes": entry.get("size_bytes"),
+                }
+            )
         return out
 
     async def status(self, rig: str, ctx: Context | None = None) -> dict[str, Any]:
@@ -178,14 +197,16 @@ class RigServer:
             lines.extend(item if isinstance(item, list) else [item])
         fields = dict(line.split(": ", 1) for line in lines if ": " in line)
         service = fields.get("service", "").split(" ")[0]
-        return self.redact({
-            "rig": rig,
-            "service": service,
-            "serving": service.startswith("active/") and fields.get("health") == "ok",
-            "health": fields.get("health"),
-            "model": fields.get("model"),
-            "lines": lines,
-        })
+        return self.redact(
+            {
+                "rig": rig,
+                "service": service,
+                "serving": service.startswith("active/") and fields.get("health") == "ok",
+                "health": fields.get("health"),
+                "model": fields.get("model"),
+                "lines": lines,
+            }
+        )
 
     async def verify_clamp(self, rig: str, ctx: Context | None = None) -> dict[str, Any]:
         run = await self.play(ctx, "playbooks/status.yml", self.check_rig(rig))
@@ -201,12 +222,15 @@ class RigServer:
         got = (res.get("stdout") or "").splitlines()
         return {"rig": rig, "lines": self.redact(got[-lines:] if lines else [])}
 
-    async def query(self, prompt: str, rig: str | None, max_tokens: int, ctx: Context | None = None
-                    ) -> dict[str, Any]:
+    async def query(
+        self, prompt: str, rig: str | None, max_tokens: int, ctx: Context | None = None
+    ) -> dict[str, Any]:
         target = self.check_rig(rig) if rig else (self.rig_names() or [""])[0]
         if not target:
             raise ToolError("the inventory has no rigs")
-        run = await self.play(ctx, "playbooks/query.yml", target, {"prompt": prompt, "max_tokens": max_tokens})
+        run = await self.play(
+            ctx, "playbooks/query.yml", target, {"prompt": prompt, "max_tokens": max_tokens}
+        )
         shown = (run.result("Show the answer", target) or {}).get("msg", [])
         res = run.result("Send a chat completion", target) or {}
         doc = res.get("json") or {}
@@ -220,12 +244,17 @@ class RigServer:
             model, _, answer = (shown[0] if shown else ": ").partition(": ")
             reasoning, finish, usage = "", None, {}
         result = {
-            "rig": target, "model": model, "answer": answer, "finish_reason": finish, "usage": usage,
+            "rig": target,
+            "model": model,
+            "answer": answer,
+            "finish_reason": finish,
+            "usage": usage,
             "reasoning_only": not answer,
         }
         if not answer:
-            result["note"] = (f"reasoning only: no answer within max_tokens ({max_tokens}); raise it"
-                              + (f" (reasoning so far: {len(reasoning)} characters)" if reasoning else ""))
+            result["note"] = f"reasoning only: no answer within max_tokens ({max_tokens}); raise it" + (
+                f" (reasoning so far: {len(reasoning)} characters)" if reasoning else ""
+            )
         return self.redact(result)
 
     async def check_capacity(self, rig: str, model: str, ctx: Context | None = None) -> dict[str, Any]:
@@ -263,8 +292,11 @@ class RigServer:
                 if not fit["fits"]:
                     raise ToolError(f"swap refused: {fit['summary']}")
             run = await self.play(ctx, "playbooks/swap.yml", ",".join(rigs), {"model": model})
-        said = [r["res"].get("msg") for r in run.results
-                if r["task"].startswith(("Report", "Say")) and isinstance(r["res"].get("msg"), str)]
+        said = [
+            r["res"].get("msg")
+            for r in run.results
+            if r["task"].startswith(("Report", "Say")) and isinstance(r["res"].get("msg"), str)
+        ]
         return self.redact({"model": model, "rigs": rigs, "messages": said})
 
     async def bench(self, rig: str, quick: bool, ctx: Context | None = None) -> dict[str, Any]:
@@ -277,8 +309,13 @@ class RigServer:
         report = Path((run.result("Show where the report is", rig) or {}).get("msg", ""))
         if not report.is_file():
             raise ToolError(f"bench.yml named no report for {rig} (looked for {report})")
-        return {"rig": rig, "quick": quick, "run_dir": str(report.parent), "report": str(report),
-                "summary": summary_table(report.read_text())}
+        return {
+            "rig": rig,
+            "quick": quick,
+            "run_dir": str(report.parent),
+            "report": str(report),
+            "summary": summary_table(report.read_text()),
+        }
 
 
 def clamp_state(rc: int | None, words: str) -> str:
@@ -351,9 +388,12 @@ def build(config: Config, runner: PlaybookRunner | None = None) -> MCPServer:
     async def query(
         prompt: Annotated[str, Field(description="The user message.", min_length=1)],
         ctx: Context,
-        rig: Annotated[str | None, Field(description="A rig's name; default: the inventory's first rig.")] = None,
-        max_tokens: Annotated[int, Field(description="Completion budget (Gemma 4 reasons first).", ge=1,
-                                         le=32768)] = 512,
+        rig: Annotated[
+            str | None, Field(description="A rig's name; default: the inventory's first rig.")
+        ] = None,
+        max_tokens: Annotated[
+            int, Field(description="Completion budget (Gemma 4 reasons first).", ge=1, le=32768)
+        ] = 512,
     ) -> dict[str, Any]:
         return await srv.query(prompt, rig, max_tokens, ctx)
 
@@ -368,8 +408,13 @@ def build(config: Config, runner: PlaybookRunner | None = None) -> MCPServer:
         rig: RigName,
         ctx: Context,
         # The bounds are in the schema; the tool checks them itself, so a bad count gets one clear line.
-        lines: Annotated[int, Field(description="How many journal lines.",
-                                    json_schema_extra={"minimum": 0, "maximum": MAX_LOG_LINES})] = 50,
+        lines: Annotated[
+            int,
+            Field(
+                description="How many journal lines.",
+                json_schema_extra={"minimum": 0, "maximum": MAX_LOG_LINES},
+            ),
+        ] = 50,
     ) -> dict[str, Any]:
         return await srv.logs(rig, lines, ctx)
 
@@ -386,19 +431,33 @@ def build(config: Config, runner: PlaybookRunner | None = None) -> MCPServer:
     ) -> dict[str, Any]:
         return await srv.bench(rig, quick, ctx)
 
-    for fn, name in ((list_rigs, "list_rigs"), (list_models, "list_models"), (status, "status"),
-                     (start, "start"), (stop, "stop"), (restart, "restart"), (query, "query"),
-                     (swap, "swap"), (logs, "logs"), (check_capacity, "check_capacity"),
-                     (verify_clamp, "verify_clamp"), (bench, "bench")):
+    for fn, name in (
+        (list_rigs, "list_rigs"),
+        (list_models, "list_models"),
+        (status, "status"),
+        (start, "start"),
+        (stop, "stop"),
+        (restart, "restart"),
+        (query, "query"),
+        (swap, "swap"),
+        (logs, "logs"),
+        (check_capacity, "check_capacity"),
+        (verify_clamp, "verify_clamp"),
+        (bench, "bench"),
+    ):
         add(fn, name)
     return mcp
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m rig_mcp", description=__doc__.split("\n\n")[0])
-    p.add_argument("-i", "--inventory", action="append", help=f"inventory file(s) (default: {DEFAULT_INVENTORY})")
+    p.add_argument(
+        "-i", "--inventory", action="append", help=f"inventory file(s) (default: {DEFAULT_INVENTORY})"
+    )
     p.add_argument("--read-only", action="store_true", help="expose only the tools that change nothing")
-    p.add_argument("--lock-dir", type=Path, default=DEFAULT_LOCK_DIR, help="per-rig lock files (default: %(default)s)")
+    p.add_argument(
+        "--lock-dir", type=Path, default=DEFAULT_LOCK_DIR, help="per-rig lock files (default: %(default)s)"
+    )
     p.add_argument("--runs-dir", type=Path, help="where bench records go (default: evidence/runs)")
     p.add_argument("--http", action="store_true", help="serve streamable HTTP instead of stdio")
     p.add_argument("--host", default="127.0.0.1", help="HTTP address (default: %(default)s)")

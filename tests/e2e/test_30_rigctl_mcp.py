@@ -36,13 +36,20 @@ def rigctl(container: str, *args: str, user: str | None = None) -> tuple[int, st
 
 # --- rigctl -----------------------------------------------------------------------------------
 
+
 def test_rigctl_help_names_every_subcommand(local_rig) -> None:
     rc, out = rigctl(local_rig.container, "--help")
     assert rc == 0, out
     assert "exit codes: 0 ok, 1 failed, 2 usage, 3 not serving" in out
-    for sub, words in (("status", "KV cache tokens"), ("start", "wait until it answers"),
-                       ("stop", "Stop vLLM"), ("restart", "Restart vLLM"), ("logs", "--follow"),
-                       ("query", "PROMPT".lower()), ("clamp", "exactly once")):
+    for sub, words in (
+        ("status", "KV cache tokens"),
+        ("start", "wait until it answers"),
+        ("stop", "Stop vLLM"),
+        ("restart", "Restart vLLM"),
+        ("logs", "--follow"),
+        ("query", "PROMPT".lower()),
+        ("clamp", "exactly once"),
+    ):
         rc, out = rigctl(local_rig.container, sub, "--help")
         assert rc == 0 and words in out, (sub, out)
 
@@ -50,8 +57,16 @@ def test_rigctl_help_names_every_subcommand(local_rig) -> None:
 def test_rigctl_status_clamp_logs_query_on_a_serving_rig(local_rig) -> None:
     rc, out = rigctl(local_rig.container, "status")
     assert rc == 0, out
-    for line in ("service: active/running since ", "restarts: ", "health: ok", f"model: {local_rig.model}",
-                 "KV cache tokens: ", "clamp: present once", "cpu: ", "uptime: "):
+    for line in (
+        "service: active/running since ",
+        "restarts: ",
+        "health: ok",
+        f"model: {local_rig.model}",
+        "KV cache tokens: ",
+        "clamp: present once",
+        "cpu: ",
+        "uptime: ",
+    ):
         assert line in out, (line, out)
     assert rigctl(local_rig.container, "clamp") == (0, "clamp: present once\n")
     rc, out = rigctl(local_rig.container, "logs", "-n", "5")
@@ -85,12 +100,22 @@ def test_rigctl_stop_then_start_and_restart(local_rig) -> None:
 
 # --- the MCP server ----------------------------------------------------------------------------
 
+
 def server_params(lock_dir: Path, runs_dir: Path, *extra: str) -> StdioServerParameters:
     env = {k: os.environ[k] for k in ("ANSIBLE_CONFIG", "CONTAINERS_CONF", "PATH") if k in os.environ}
     return StdioServerParameters(
         command=sys.executable,
-        args=["-m", "rig_mcp", "-i", "inventory/local.yml", "--lock-dir", str(lock_dir),
-              "--runs-dir", str(runs_dir), *extra],
+        args=[
+            "-m",
+            "rig_mcp",
+            "-i",
+            "inventory/local.yml",
+            "--lock-dir",
+            str(lock_dir),
+            "--runs-dir",
+            str(runs_dir),
+            *extra,
+        ],
         cwd=str(ROOT),
         env={**env, "PYTHONPATH": str(ROOT)},
     )
@@ -128,23 +153,34 @@ def test_read_only_hides_the_mutating_tools(mcp_dirs) -> None:
     full = with_client(server_params(*mcp_dirs), names)
     read_only = with_client(server_params(*mcp_dirs, "--read-only"), names)
     assert full - read_only == {"start", "stop", "restart", "swap", "bench"}
-    assert read_only == {"list_rigs", "list_models", "status", "query", "logs", "check_capacity",
-                         "verify_clamp"}
+    assert read_only == {
+        "list_rigs",
+        "list_models",
+        "status",
+        "query",
+        "logs",
+        "check_capacity",
+        "verify_clamp",
+    }
 
 
 def test_bad_model_unknown_rig_and_negative_lines_are_clear_tool_errors(mcp_dirs) -> None:
     async def body(client: Client) -> list[tuple[bool, str]]:
         out = []
-        for name, args in (("swap", {"model": "no-such-model", "rigs": [RIG]}),
-                           ("status", {"rig": "no-such-rig"}),
-                           ("logs", {"rig": RIG, "lines": -3})):
+        for name, args in (
+            ("swap", {"model": "no-such-model", "rigs": [RIG]}),
+            ("status", {"rig": "no-such-rig"}),
+            ("logs", {"rig": RIG, "lines": -3}),
+        ):
             result = await client.call_tool(name, args)
             out.append((result.is_error, result.content[0].text))
         return out
 
     (e1, swap), (e2, status), (e3, logs) = with_client(server_params(*mcp_dirs), body)
-    assert e1 and swap.endswith("unknown model 'no-such-model': the catalog has bf16, emb4, google-w4a16, "
-                                "text, tiny-emb4, tiny-text, tiny-w4a16, tiny-w8a8, w8a8"), swap
+    assert e1 and swap.endswith(
+        "unknown model 'no-such-model': the catalog has bf16, emb4, google-w4a16, "
+        "text, tiny-emb4, tiny-text, tiny-w4a16, tiny-w8a8, w8a8"
+    ), swap
     assert e2 and status.endswith("unknown rig 'no-such-rig': the inventory has rig-local"), status
     assert e3 and logs.endswith("lines must be between 0 and 10000, got -3"), logs
 
@@ -152,16 +188,28 @@ def test_bad_model_unknown_rig_and_negative_lines_are_clear_tool_errors(mcp_dirs
 def test_read_only_tools_answer_from_the_rig(mcp_dirs, local_rig) -> None:
     async def body(client: Client) -> dict[str, Any]:
         out = {}
-        for name, args in (("list_rigs", {}), ("list_models", {}), ("status", {"rig": RIG}),
-                           ("verify_clamp", {"rig": RIG}), ("check_capacity", {"rig": RIG, "model": OTHER_MODEL}),
-                           ("logs", {"rig": RIG, "lines": 5}),
-                           ("query", {"prompt": "What is the capital of France?", "max_tokens": 32})):
+        for name, args in (
+            ("list_rigs", {}),
+            ("list_models", {}),
+            ("status", {"rig": RIG}),
+            ("verify_clamp", {"rig": RIG}),
+            ("check_capacity", {"rig": RIG, "model": OTHER_MODEL}),
+            ("logs", {"rig": RIG, "lines": 5}),
+            ("query", {"prompt": "What is the capital of France?", "max_tokens": 32}),
+        ):
             out[name] = ok(await client.call_tool(name, args))
         return out
 
     got = with_client(server_params(*mcp_dirs, "--read-only"), body)
-    assert got["list_rigs"]["result"] == [{"rig": RIG, "platform": "local", "host": local_rig.container,
-                                           "port": local_rig.port, "inventory_model": local_rig.model}]
+    assert got["list_rigs"]["result"] == [
+        {
+            "rig": RIG,
+            "platform": "local",
+            "host": local_rig.container,
+            "port": local_rig.port,
+            "inventory_model": local_rig.model,
+        }
+    ]
     assert OTHER_MODEL in [m["model"] for m in got["list_models"]["result"]]
     status = got["status"]
     assert status["serving"] is True and status["service"] == "active/running", status
@@ -173,7 +221,9 @@ def test_read_only_tools_answer_from_the_rig(mcp_dirs, local_rig) -> None:
     mem_kib = podman("exec", local_rig.container, "grep", "^MemTotal:", "/proc/meminfo").stdout.split()[1]
     assert capacity["facts"]["mem_total_bytes"] == int(mem_kib) * 1024  # exact, not awk's rounding
     journal = got["logs"]["lines"]
-    assert 0 < len(journal) <= 5 and all(re.match(r"^\d{4}-\d\d-\d\dT\S+ \S+ ", line) for line in journal), journal
+    assert 0 < len(journal) <= 5 and all(re.match(r"^\d{4}-\d\d-\d\dT\S+ \S+ ", line) for line in journal), (
+        journal
+    )
     query = got["query"]
     assert query["rig"] == RIG and query["model"] == local_rig.model
     assert query["usage"]["completion_tokens"] > 0
@@ -192,9 +242,11 @@ def test_swap_reports_progress_and_a_concurrent_call_is_busy(mcp_dirs, local_rig
             first_step.set()
 
         async with Client(server_params(*mcp_dirs)) as swapper, Client(server_params(*mcp_dirs)) as other:
+
             async def swap() -> None:
                 outcome["swap"] = await swapper.call_tool(
-                    "swap", {"model": OTHER_MODEL, "rigs": [RIG]}, progress_callback=on_progress)
+                    "swap", {"model": OTHER_MODEL, "rigs": [RIG]}, progress_callback=on_progress
+                )
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(swap)

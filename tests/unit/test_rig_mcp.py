@@ -23,12 +23,19 @@ from rig_mcp.redact import MASK, Redactor
 from rig_mcp.server import MUTATING, TOOLS, Config, build, clamp_state, summary_table
 
 INVENTORY = {
-    "_meta": {"hostvars": {
-        "rig-local": {"rig_platform": "local", "ansible_host": "gemma-rig", "rig_port": 8000,
-                      "rig_model": "tiny-emb4",
-                      "rig_models": {"tiny-emb4": {"description": "d", "source": {"kind": "repack"},
-                                                   "size_bytes": 20}}},
-    }},
+    "_meta": {
+        "hostvars": {
+            "rig-local": {
+                "rig_platform": "local",
+                "ansible_host": "gemma-rig",
+                "rig_port": 8000,
+                "rig_model": "tiny-emb4",
+                "rig_models": {
+                    "tiny-emb4": {"description": "d", "source": {"kind": "repack"}, "size_bytes": 20}
+                },
+            },
+        }
+    },
     "all": {"children": ["ungrouped", "rigs"]},
     "rigs": {"children": ["local"]},
     "local": {"hosts": ["rig-local"]},
@@ -102,8 +109,10 @@ def test_the_generated_tool_list_in_docs_matches_the_schemas() -> None:
 def test_a_second_holder_is_refused_with_what_holds_the_rig(tmp_path) -> None:
     locks = RigLocks(tmp_path, clock=lambda: time.mktime((2026, 1, 1, 12, 3, 0, 0, 0, -1)))
     with locks.hold(["rig-local"], "swap of rig-local to tiny-w8a8"):
-        with pytest.raises(Busy, match=r"^busy: swap of rig-local to tiny-w8a8 since 12:03$"), \
-                locks.hold(["rig-local"], "stop of rig-local"):
+        with (
+            pytest.raises(Busy, match=r"^busy: swap of rig-local to tiny-w8a8 since 12:03$"),
+            locks.hold(["rig-local"], "stop of rig-local"),
+        ):
             pass
         with locks.hold(["rig-b"], "stop of rig-b"):  # another rig is free
             pass
@@ -124,8 +133,10 @@ def test_the_lock_holds_across_processes(tmp_path) -> None:
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(Busy, match=r"^busy: bench of rig-local since "), \
-                RigLocks(tmp_path).hold(["rig-local"], "stop of rig-local"):
+        with (
+            pytest.raises(Busy, match=r"^busy: bench of rig-local since "),
+            RigLocks(tmp_path).hold(["rig-local"], "stop of rig-local"),
+        ):
             pass
     finally:
         holder.kill()
@@ -135,11 +146,19 @@ def test_the_lock_holds_across_processes(tmp_path) -> None:
 
 
 def test_a_failed_play_is_a_tool_error_naming_task_and_message(tmp_path) -> None:
-    failed = PlayRun("playbooks/start.yml", "failed", 2, failure=Failure(
-        "rig-local", "Wait for GET /health (ends at once if vLLM exits instead)",
-        "vLLM exited while starting; Authorization: Bearer s3cr3t-token"))
-    result = call(Config(lock_dir=tmp_path), FakeRunner({"playbooks/start.yml": failed}), "start",
-                  {"rig": "rig-local"})
+    failed = PlayRun(
+        "playbooks/start.yml",
+        "failed",
+        2,
+        failure=Failure(
+            "rig-local",
+            "Wait for GET /health (ends at once if vLLM exits instead)",
+            "vLLM exited while starting; Authorization: Bearer s3cr3t-token",
+        ),
+    )
+    result = call(
+        Config(lock_dir=tmp_path), FakeRunner({"playbooks/start.yml": failed}), "start", {"rig": "rig-local"}
+    )
     assert result.is_error
     text = result.content[0].text
     assert "playbooks/start.yml failed on rig-local at task 'Wait for GET /health" in text
@@ -152,8 +171,10 @@ def test_unknown_rig_model_and_negative_lines_are_clear_tool_errors(tmp_path) ->
     config = Config(lock_dir=tmp_path)
     bad = {
         ("status", "rig"): ({"rig": "nope"}, "unknown rig 'nope': the inventory has rig-local"),
-        ("swap", "model"): ({"model": "nope", "rigs": ["rig-local"]},
-                            "unknown model 'nope': the catalog has tiny-emb4"),
+        ("swap", "model"): (
+            {"model": "nope", "rigs": ["rig-local"]},
+            "unknown model 'nope': the catalog has tiny-emb4",
+        ),
         ("logs", "lines"): ({"rig": "rig-local", "lines": -1}, "lines must be between 0 and 10000, got -1"),
     }
     for (tool, _), (args, message) in bad.items():
@@ -189,41 +210,60 @@ def test_redactor_masks_tokens_secret_pairs_and_known_values() -> None:
     assert r.text("VLLM_API_KEY=abc123 RIG_PORT=8000") == f"VLLM_API_KEY={MASK} RIG_PORT=8000"
     assert r.text('{"HF_TOKEN": "hf_x"}') == f'{{"HF_TOKEN": {MASK}}}'
     assert r.text("pw is hunter2-long") == f"pw is {MASK}"
-    assert r({"lines": ["MY_SECRET=x"], "rig": "rig-local"}) == {"lines": [f"MY_SECRET={MASK}"],
-                                                               "rig": "rig-local"}
+    assert r({"lines": ["MY_SECRET=x"], "rig": "rig-local"}) == {
+        "lines": [f"MY_SECRET={MASK}"],
+        "rig": "rig-local",
+    }
 
 
 def test_failure_message_prefers_msg_then_the_command_output() -> None:
-    assert failure_message({"msg": "non-zero return code", "stderr": "boom\n"}) == "non-zero return code\nboom"
+    assert (
+        failure_message({"msg": "non-zero return code", "stderr": "boom\n"}) == "non-zero return code\nboom"
+    )
     assert failure_message({"stdout": "a\nb"}) == "a\nb"
-    assert "no_log" in failure_message({"censored": "the output has been hidden due to the fact that 'no_log: true'"})
+    assert "no_log" in failure_message(
+        {"censored": "the output has been hidden due to the fact that 'no_log: true'"}
+    )
 
 
 def test_capacity_names_the_binding_term() -> None:
     gib = capacity.GIB
-    gpu = {"disk_free_bytes": 100 * gib, "mem_total_bytes": 8 * gib, "swap_total_bytes": 16 * gib,
-           "accelerator_total_bytes": 15 * gib}
+    gpu = {
+        "disk_free_bytes": 100 * gib,
+        "mem_total_bytes": 8 * gib,
+        "swap_total_bytes": 16 * gib,
+        "accelerator_total_bytes": 15 * gib,
+    }
     fits = capacity.verdict("t4", "emb4", capacity.terms(gpu, 3 * gib, 0.9, 0))
     assert fits["fits"] and fits["binding"] == "accelerator memory"
     # 15 x 0.9 - 13 - 1 < 0: the accelerator is short.
     short = capacity.verdict("t4", "big", capacity.terms(gpu, 13 * gib, 0.9, 0))
     assert not short["fits"] and short["binding"] == "accelerator memory"
     assert short["summary"] == "big does not fit t4: accelerator memory is short by 0.50 GiB"
-    cpu = {"disk_free_bytes": 1 * gib, "mem_total_bytes": 8 * gib, "swap_total_bytes": 0,
-           "accelerator_total_bytes": None}
+    cpu = {
+        "disk_free_bytes": 1 * gib,
+        "mem_total_bytes": 8 * gib,
+        "swap_total_bytes": 0,
+        "accelerator_total_bytes": None,
+    }
     disk = capacity.verdict("local", "m", capacity.terms(cpu, 2 * gib, 0.9, gib))
     assert disk["binding"] == "disk" and not disk["fits"]
     assert [t["name"] for t in disk["terms"]] == ["disk", "memory"]
-    memory = capacity.verdict("local", "m", capacity.terms({**cpu, "disk_free_bytes": 50 * gib}, 6 * gib, 0.9, gib))
+    memory = capacity.verdict(
+        "local", "m", capacity.terms({**cpu, "disk_free_bytes": 50 * gib}, 6 * gib, 0.9, gib)
+    )
     assert memory["binding"] == "memory" and memory["fits"] is True  # 8 - 6 - 1 - 1 = 0
 
 
 def test_clamp_state_and_report_table() -> None:
     assert clamp_state(0, "clamp-check: turing clamp present once in f") == "present once"
     assert clamp_state(1, "clamp-check: turing clamp missing from f (vLLM reinstalled?)") == "absent"
-    assert clamp_state(1, "clamp-check: turing clamp present 2 times in f; expected exactly once") == "doubled"
+    assert (
+        clamp_state(1, "clamp-check: turing clamp present 2 times in f; expected exactly once") == "doubled"
+    )
     assert summary_table("# R\n\ntext\n| a | b |\n|---|---|\n| 1 | 2 |\n\nmore\n| x |") == (
-        "| a | b |\n|---|---|\n| 1 | 2 |")
+        "| a | b |\n|---|---|\n| 1 | 2 |"
+    )
 
 
 def test_the_server_runs_over_stdio_and_answers_list_rigs(repo_root: Path) -> None:
@@ -231,8 +271,12 @@ def test_the_server_runs_over_stdio_and_answers_list_rigs(repo_root: Path) -> No
     from mcp import StdioServerParameters
 
     async def go():
-        params = StdioServerParameters(command=sys.executable, args=["-m", "rig_mcp", "--read-only"],
-                                       cwd=str(repo_root), env={"PYTHONPATH": str(repo_root)})
+        params = StdioServerParameters(
+            command=sys.executable,
+            args=["-m", "rig_mcp", "--read-only"],
+            cwd=str(repo_root),
+            env={"PYTHONPATH": str(repo_root)},
+        )
         async with Client(params) as client:
             return await client.call_tool("list_rigs", {})
 
@@ -248,8 +292,10 @@ def test_the_server_serves_streamable_http_behind_a_flag(repo_root: Path) -> Non
         port = s.getsockname()[1]
     server = subprocess.Popen(
         [sys.executable, "-m", "rig_mcp", "--read-only", "--http", "--port", str(port)],
-        cwd=repo_root, env={**os.environ, "PYTHONPATH": str(repo_root)},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cwd=repo_root,
+        env={**os.environ, "PYTHONPATH": str(repo_root)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         for _ in range(200):  # until it listens (or exits)
@@ -271,40 +317,71 @@ def test_the_server_serves_streamable_http_behind_a_flag(repo_root: Path) -> Non
 
 def chat_run(content: str | None, reasoning: str) -> PlayRun:
     """query.yml's results as ansible-runner reports them: the chat completion's JSON, then the debug."""
-    doc = {"model": "tiny-emb4", "usage": {"prompt_tokens": 9, "completion_tokens": 32},
-           "choices": [{"finish_reason": "length",
-                        "message": {"content": content, "reasoning_content": reasoning}}]}
-    return PlayRun("playbooks/query.yml", "successful", 0, results=[
-        {"task": "Send a chat completion", "host": "rig-local", "res": {"json": doc}, "failed": False},
-        {"task": "Show the answer", "host": "rig-local", "res": {"msg": [f"tiny-emb4: {content or ''}"]},
-         "failed": False},
-    ])
+    doc = {
+        "model": "tiny-emb4",
+        "usage": {"prompt_tokens": 9, "completion_tokens": 32},
+        "choices": [
+            {"finish_reason": "length", "message": {"content": content, "reasoning_content": reasoning}}
+        ],
+    }
+    return PlayRun(
+        "playbooks/query.yml",
+        "successful",
+        0,
+        results=[
+            {"task": "Send a chat completion", "host": "rig-local", "res": {"json": doc}, "failed": False},
+            {
+                "task": "Show the answer",
+                "host": "rig-local",
+                "res": {"msg": [f"tiny-emb4: {content or ''}"]},
+                "failed": False,
+            },
+        ],
+    )
 
 
 def test_query_flags_a_reply_that_is_reasoning_only(tmp_path) -> None:
     runner = FakeRunner({"playbooks/query.yml": chat_run(None, "Let me think")})
     got = call(Config(lock_dir=tmp_path), runner, "query", {"prompt": "Capital of France?", "max_tokens": 32})
     assert got.structured_content["reasoning_only"] is True
-    assert got.structured_content["note"].startswith("reasoning only: no answer within max_tokens (32); raise it")
-    assert runner.calls == [("playbooks/query.yml", "rig-local", {"prompt": "Capital of France?", "max_tokens": 32})]
+    assert got.structured_content["note"].startswith(
+        "reasoning only: no answer within max_tokens (32); raise it"
+    )
+    assert runner.calls == [
+        ("playbooks/query.yml", "rig-local", {"prompt": "Capital of France?", "max_tokens": 32})
+    ]
     runner = FakeRunner({"playbooks/query.yml": chat_run("Paris", "Let me think")})
     got = call(Config(lock_dir=tmp_path), runner, "query", {"prompt": "Capital of France?"})
     assert got.structured_content["reasoning_only"] is False and got.structured_content["answer"] == "Paris"
 
 
 def capacity_run(disk_free: int) -> PlayRun:
-    facts = {"disk_free_bytes": disk_free, "disk_path": "/opt1", "mem_total_bytes": 8 * capacity.GIB,
-             "mem_available_bytes": 4 * capacity.GIB, "swap_total_bytes": 0, "accelerator_total_bytes": None}
-    return PlayRun("playbooks/capacity.yml", "successful", 0, results=[
-        {"task": "Show the capacity", "host": "rig-local", "res": {"msg": facts}, "failed": False}])
+    facts = {
+        "disk_free_bytes": disk_free,
+        "disk_path": "/opt1",
+        "mem_total_bytes": 8 * capacity.GIB,
+        "mem_available_bytes": 4 * capacity.GIB,
+        "swap_total_bytes": 0,
+        "accelerator_total_bytes": None,
+    }
+    return PlayRun(
+        "playbooks/capacity.yml",
+        "successful",
+        0,
+        results=[{"task": "Show the capacity", "host": "rig-local", "res": {"msg": facts}, "failed": False}],
+    )
 
 
 def test_swap_is_refused_when_the_build_does_not_fit(tmp_path) -> None:
     runner = FakeRunner({"playbooks/capacity.yml": capacity_run(10)})
     got = call(Config(lock_dir=tmp_path), runner, "swap", {"model": "tiny-emb4", "rigs": ["rig-local"]})
     assert got.is_error
-    assert got.content[0].text.endswith("swap refused: tiny-emb4 does not fit rig-local: disk is short by 0.00 GiB")
+    assert got.content[0].text.endswith(
+        "swap refused: tiny-emb4 does not fit rig-local: disk is short by 0.00 GiB"
+    )
     assert [c[0] for c in runner.calls] == ["playbooks/capacity.yml"]  # swap.yml never ran
     runner = FakeRunner({"playbooks/capacity.yml": capacity_run(capacity.GIB)})
-    assert not call(Config(lock_dir=tmp_path), runner, "swap", {"model": "tiny-emb4", "rigs": ["rig-local"]}).is_error
+    assert not call(
+        Config(lock_dir=tmp_path), runner, "swap", {"model": "tiny-emb4", "rigs": ["rig-local"]}
+    ).is_error
     assert [c[0] for c in runner.calls] == ["playbooks/capacity.yml", "playbooks/swap.yml"]

@@ -28,8 +28,14 @@ EnvironmentFiles=/etc/gemma-rig/tpu.env (ignore_errors=no)
 
 def test_exec_start_pre_lines_are_read_as_argvs() -> None:
     argvs = rigctl.exec_argvs(rigctl.parse_show(SHOW)["ExecStartPre"])
-    assert argvs[1] == ["/opt1/venv/bin/python", "-I", "/usr/local/libexec/gemma-rig/clamp-check", "check",
-                        "--python", "/opt1/venv/bin/python"]
+    assert argvs[1] == [
+        "/opt1/venv/bin/python",
+        "-I",
+        "/usr/local/libexec/gemma-rig/clamp-check",
+        "check",
+        "--python",
+        "/opt1/venv/bin/python",
+    ]
     assert argvs[0][argvs[0].index("--state-dir") + 1] == "/var/lib/gemma-rig"
 
 
@@ -41,7 +47,11 @@ def test_env_file_comes_from_the_unit() -> None:
 def test_tpu_env_is_read_as_systemd_reads_it(tmp_path: Path) -> None:
     env = tmp_path / "tpu.env"
     env.write_text('# c\nRIG_PORT=8000\nRIG_EXTRA_ARGS="--a \\"b\\" c"\n\nVLLM_API_KEY=k\n')
-    assert rigctl.read_env(str(env)) == {"RIG_PORT": "8000", "RIG_EXTRA_ARGS": '--a "b" c', "VLLM_API_KEY": "k"}
+    assert rigctl.read_env(str(env)) == {
+        "RIG_PORT": "8000",
+        "RIG_EXTRA_ARGS": '--a "b" c',
+        "VLLM_API_KEY": "k",
+    }
     with pytest.raises(rigctl.RigctlError) as missing:
         rigctl.read_env(str(tmp_path / "none"))
     assert missing.value.code == rigctl.EXIT_NO_CONFIG

@@ -58,7 +58,9 @@ def unit_props(unit: str) -> dict[str, str]:
     """`systemctl show UNIT` as a dict."""
     res = run(["systemctl", "show", unit, "--no-pager"])
     if res.returncode != 0:
-        raise RigctlError(f"systemctl show {unit} failed: {(res.stderr or res.stdout).strip()}", EXIT_NO_CONFIG)
+        raise RigctlError(
+            f"systemctl show {unit} failed: {(res.stderr or res.stdout).strip()}", EXIT_NO_CONFIG
+        )
     props = parse_show(res.stdout)
     if props.get("LoadState") == "not-found":
         raise RigctlError(f"{unit}.service is not installed on this host", EXIT_NO_CONFIG)
@@ -93,7 +95,9 @@ def read_env(path: str) -> dict[str, str]:
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
     except PermissionError as exc:
-        raise RigctlError(f"cannot read {path}: permission denied (run rigctl as root)", EXIT_NO_CONFIG) from exc
+        raise RigctlError(
+            f"cannot read {path}: permission denied (run rigctl as root)", EXIT_NO_CONFIG
+        ) from exc
     except OSError as exc:
         raise RigctlError(f"cannot read {path}: {exc.strerror}", EXIT_NO_CONFIG) from exc
     env: dict[str, str] = {}
@@ -223,9 +227,14 @@ def status_lines(rig: Rig) -> tuple[list[str], bool]:
 def host_lines() -> list[str]:
     """Accelerator (or CPU) memory, swap and uptime, as status.yml shows them."""
     out: list[str] = []
-    smi = run(["nvidia-smi", "--query-gpu=name,memory.used,memory.total", "--format=csv,noheader"]) if any(
-        os.access(os.path.join(d, "nvidia-smi"), os.X_OK) for d in os.environ.get("PATH", "/usr/bin").split(":")
-    ) else None
+    smi = (
+        run(["nvidia-smi", "--query-gpu=name,memory.used,memory.total", "--format=csv,noheader"])
+        if any(
+            os.access(os.path.join(d, "nvidia-smi"), os.X_OK)
+            for d in os.environ.get("PATH", "/usr/bin").split(":")
+        )
+        else None
+    )
     free = run(["free", "-h"]).stdout.splitlines()
     row = {line.split(":")[0]: line.split()[1:] for line in free if ":" in line}
     if smi is not None and smi.returncode == 0:
@@ -316,8 +325,11 @@ def cmd_query(args: argparse.Namespace) -> int:
     status, served = rig.served()
     if status != 200 or not served:
         raise RigctlError(f"no model answering on {rig.url}/v1/models (status {status})")
-    body = {"model": served[0], "messages": [{"role": "user", "content": args.prompt}],
-            "max_tokens": args.max_tokens}
+    body = {
+        "model": served[0],
+        "messages": [{"role": "user", "content": args.prompt}],
+        "max_tokens": args.max_tokens,
+    }
     status, doc = rig.http("/v1/chat/completions", body, timeout=args.timeout)
     if status != 200 or not doc or not doc.get("choices"):
         raise RigctlError(f"the chat completion failed (status {status})")
@@ -325,8 +337,10 @@ def cmd_query(args: argparse.Namespace) -> int:
     content = (message.get("content") or "").strip()
     print(f"{doc.get('model')}: {content}")
     if not content and (message.get("reasoning_content") or message.get("reasoning")):
-        print(f"(reasoning only: no answer within max_tokens={args.max_tokens}, "
-              f"finish_reason {doc['choices'][0].get('finish_reason')})")
+        print(
+            f"(reasoning only: no answer within max_tokens={args.max_tokens}, "
+            f"finish_reason {doc['choices'][0].get('finish_reason')})"
+        )
     usage = doc.get("usage", {})
     print(f"tokens: {usage.get('prompt_tokens')} in, {usage.get('completion_tokens')} out")
     return EXIT_OK
@@ -363,8 +377,11 @@ def parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         return p
 
-    add("status", "health, model, KV cache tokens, clamp, memory, swap, uptime "
-        "(exit 3 when not serving)", cmd_status)
+    add(
+        "status",
+        "health, model, KV cache tokens, clamp, memory, swap, uptime (exit 3 when not serving)",
+        cmd_status,
+    )
     for name, func, what in (("start", cmd_start, "Start"), ("restart", cmd_restart, "Restart")):
         p = add(name, f"{what} vLLM and wait until it answers /health and /v1/models", func)
         p.add_argument("--timeout", type=float, default=900, help="seconds to wait (default: %(default)s)")
@@ -375,7 +392,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     p = add("query", "Ask the served model one question", cmd_query)
     p.add_argument("prompt", help="the user message")
-    p.add_argument("--max-tokens", type=non_negative, default=512, help="default: %(default)s (Gemma 4 reasons first)")
+    p.add_argument(
+        "--max-tokens", type=non_negative, default=512, help="default: %(default)s (Gemma 4 reasons first)"
+    )
     p.add_argument("--timeout", type=float, default=600, help="seconds (default: %(default)s)")
     add("clamp", "Check that the Turing clamp is present exactly once (exit 1 otherwise)", cmd_clamp)
     return top
