@@ -1,8 +1,8 @@
 """rigctl inside the shared rig's container, then the MCP server (python -m rig_mcp) over stdio
 with the SDK's own client against the same rig and inventory/local.yml.
 
-Costs a few vLLM starts (rigctl stop/start/restart; the server's swap there, stop, start,
-restart, swap back) and one quick bench cell. Leaves the rig serving tiny-emb4.
+Costs four vLLM starts (rigctl's restart after its stop; the server's swap there, restart after
+its stop, swap back) and one quick bench cell. Leaves the rig serving tiny-emb4.
 """
 
 from __future__ import annotations
@@ -84,16 +84,18 @@ def test_rigctl_needs_root_to_read_tpu_env(local_rig) -> None:
     assert "cannot read /etc/gemma-rig/tpu.env: permission denied (run rigctl as root)" in out
 
 
-def test_rigctl_stop_then_start_and_restart(local_rig) -> None:
+def test_rigctl_stop_then_restart_and_start(local_rig) -> None:
     assert rigctl(local_rig.container, "stop") == (0, "vllm: stopped\n")
     rc, out = rigctl(local_rig.container, "status")
     assert rc == 3, out
     assert "service: inactive/dead" in out and "health: down (-1)" in out and "model: none answering" in out
     rc, out = rigctl(local_rig.container, "query", "hi")
     assert rc == 1 and "no model answering" in out, out
-    rc, out = rigctl(local_rig.container, "start")
-    assert rc == 0 and f"serving {local_rig.model} on http://127.0.0.1:{local_rig.port}" in out, out
+    # restart brings a stopped unit up; start on a running one only waits until it answers (one
+    # vLLM start for both: each costs minutes on a loaded 2-core machine).
     rc, out = rigctl(local_rig.container, "restart")
+    assert rc == 0 and f"serving {local_rig.model} on http://127.0.0.1:{local_rig.port}" in out, out
+    rc, out = rigctl(local_rig.container, "start")
     assert rc == 0 and f"serving {local_rig.model}" in out, out
     assert served_models(local_rig.port) == [local_rig.model]
 
@@ -271,9 +273,10 @@ def test_stop_start_restart_bench_and_swap_back(mcp_dirs, local_rig) -> None:
     async def body(client: Client) -> dict[str, Any]:
         out = {"stop": ok(await client.call_tool("stop", {"rig": RIG}))}
         out["stopped"] = ok(await client.call_tool("status", {"rig": RIG}))
+        # restart brings the stopped unit up; start on a running one waits until it answers.
+        out["restart"] = ok(await client.call_tool("restart", {"rig": RIG}))
         out["start"] = ok(await client.call_tool("start", {"rig": RIG}))
         out["started"] = ok(await client.call_tool("status", {"rig": RIG}))
-        out["restart"] = ok(await client.call_tool("restart", {"rig": RIG}))
         out["bench"] = ok(await client.call_tool("bench", {"rig": RIG, "quick": True}))
         out["swap"] = ok(await client.call_tool("swap", {"model": local_rig.model, "rigs": [RIG]}))
         return out
@@ -283,7 +286,7 @@ def test_stop_start_restart_bench_and_swap_back(mcp_dirs, local_rig) -> None:
     assert got["stopped"]["service"] == "inactive/dead" and got["stopped"]["serving"] is False
     assert got["stopped"]["health"].startswith("down")
     assert got["started"]["serving"] is True and got["started"]["model"].startswith(OTHER_MODEL)
-    assert got["restart"] == {"rig": RIG, "done": "restart"}
+    assert got["restart"] == {"rig": RIG, "done": "restart"} and got["start"] == {"rig": RIG, "done": "start"}
     bench = got["bench"]
     assert Path(bench["run_dir"]).parent == mcp_dirs[1] and Path(bench["report"]).is_file()
     assert bench["summary"].startswith("|") and OTHER_MODEL in Path(bench["report"]).read_text()
