@@ -291,7 +291,9 @@ class RigServer:
                 fit = await self.check_capacity(rig, model, ctx)
                 if not fit["fits"]:
                     raise ToolError(f"swap refused: {fit['summary']}")
-            run = await self.play(ctx, "playbooks/swap.yml", ",".join(rigs), {"model": model})
+            # swap.yml's first play checks the model and builds it on the controller (hosts:
+            # localhost): a limit of the rigs alone would skip it.
+            run = await self.play(ctx, "playbooks/swap.yml", ",".join([*rigs, "localhost"]), {"model": model})
         said = [
             r["res"].get("msg")
             for r in run.results

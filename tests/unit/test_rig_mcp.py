@@ -385,3 +385,5 @@ def test_swap_is_refused_when_the_build_does_not_fit(tmp_path) -> None:
         Config(lock_dir=tmp_path), runner, "swap", {"model": "tiny-emb4", "rigs": ["rig-local"]}
     ).is_error
     assert [c[0] for c in runner.calls] == ["playbooks/capacity.yml", "playbooks/swap.yml"]
+    # The limit keeps swap.yml's controller play (the catalog check and the build) in the run.
+    assert runner.calls[1][1:] == ("rig-local,localhost", {"model": "tiny-emb4"})
