@@ -1,0 +1,1 @@
+"""An MCP server over the rig inventory: it drives the project's playbooks with ansible-runner."""

@@ -1,0 +1,59 @@
+"""Does a build fit a rig? Disk, host memory and accelerator memory against the build's size.
+
+Each term is a headroom in bytes (what the rig has minus what the build needs); the build fits
+when every headroom is 0 or more, and the smallest one is the binding term.
+
+- disk: free bytes on the filesystem that holds the models directory - the build's size.
+- memory: host memory + swap - the build's size - 1 GiB for the runtime (vLLM reads the weights
+  through host memory; on the CPU build the KV cache lives there too, so it is subtracted as well).
+- accelerator (a GPU rig): total x gpu_memory_utilization - the build's size - 1 GiB (activations
+  and the CUDA context); what is left is the KV cache's room. A CPU rig has no such term.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+GIB = 1024**3
+RUNTIME_RESERVE_BYTES = GIB
+
+
+@dataclass
+class Term:
+    name: str
+    have_bytes: int
+    need_bytes: int
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.have_bytes - self.need_bytes
+
+
+def terms(facts: dict, size_bytes: int, gpu_memory_utilization: float, cpu_kv_cache_bytes: int) -> list[Term]:
+    """The capacity terms for a build of ``size_bytes`` on a rig whose ``facts`` capacity.yml read."""
+    out = [Term("disk", int(facts["disk_free_bytes"]), size_bytes)]
+    accelerator = facts.get("accelerator_total_bytes")
+    host_need = size_bytes + RUNTIME_RESERVE_BYTES + (0 if accelerator else cpu_kv_cache_bytes)
+    out.append(Term("memory", int(facts["mem_total_bytes"]) + int(facts["swap_total_bytes"]), host_need))
+    if accelerator:
+        usable = int(int(accelerator) * gpu_memory_utilization)
+        out.append(Term("accelerator memory", usable, size_bytes + RUNTIME_RESERVE_BYTES))
+    return out
+
+
+def verdict(rig: str, model: str, found: list[Term]) -> dict:
+    """The check's result: fits or not, the binding term named, every term's figures."""
+    binding = min(found, key=lambda t: t.headroom_bytes)
+    fits = binding.headroom_bytes >= 0
+    gib = binding.headroom_bytes / GIB
+    summary = (
+        f"{model} fits {rig}; binding term: {binding.name} ({gib:.2f} GiB to spare)"
+        if fits
+        else f"{model} does not fit {rig}: {binding.name} is short by {-gib:.2f} GiB"
+    )
+    return {
+        "fits": fits,
+        "binding": binding.name,
+        "summary": summary,
+        "terms": [{**asdict(t), "headroom_bytes": t.headroom_bytes} for t in found],
+    }

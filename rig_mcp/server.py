@@ -1,0 +1,481 @@
+"""The gemma-rig MCP server: every rig in the inventory, driven through the project's playbooks.
+
+    python -m rig_mcp [-i inventory/local.yml ...] [--read-only] [--http [--host H] [--port P]]
+
+Runs on the controller. Each tool runs one playbook with ansible-runner (never a shell of its
+own), reports each play and task as an MCP progress notification, and turns a failed play into a
+tool error naming the failing task and its message. Mutating tools hold a per-rig lock
+(rig_mcp.locks). Every result passes through rig_mcp.redact. docs/mcp.md lists the tools.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Annotated, Any
+
+import anyio
+import anyio.from_thread
+import anyio.to_thread
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import ToolAnnotations
+from pydantic import Field
+
+from rig_mcp import capacity
+from rig_mcp.locks import Busy, RigLocks
+from rig_mcp.playbooks import ROOT, PlaybookFailed, PlaybookRunner, PlayRun
+from rig_mcp.redact import DEFAULT_PATTERNS, Redactor
+
+SERVER_NAME = "gemma-rig"
+DEFAULT_INVENTORY = "inventory/local.yml"
+DEFAULT_LOCK_DIR = Path(tempfile.gettempdir()) / "gemma-rig-mcp-locks"
+MAX_LOG_LINES = 10000
+# bench(quick=True): one cell and no decode check, about a minute on the local rig.
+QUICK_GRID: dict[str, Any] = {
+    "bench_input_lens": [128],
+    "bench_concurrency": [1],
+    "bench_output_len": 16,
+    "bench_repeats": 1,
+    "bench_decode_runs": 0,
+}
+
+RigName = Annotated[str, Field(description="A rig's inventory name (see list_rigs).", min_length=1)]
+ModelKey = Annotated[str, Field(description="A catalog key (see list_models).", min_length=1)]
+
+# Which tools change a rig (held under the rig lock, hidden by --read-only).
+MUTATING = ("start", "stop", "restart", "swap", "bench")
+
+
+@dataclass
+class Config:
+    inventories: list[str] = field(default_factory=lambda: [DEFAULT_INVENTORY])
+    read_only: bool = False
+    lock_dir: Path = DEFAULT_LOCK_DIR
+    runs_dir: Path | None = None  # bench records; None: evidence/runs (and INDEX.md regenerated)
+
+
+class RigServer:
+    """The tools' implementations, over one inventory."""
+
+    def __init__(self, config: Config, runner: PlaybookRunner | None = None) -> None:
+        self.config = config
+        self.runner = runner or PlaybookRunner(config.inventories)
+        self.locks = RigLocks(config.lock_dir)
+        self._inventory: dict[str, Any] | None = None
+        self.redact = Redactor(DEFAULT_PATTERNS)
+
+    # --- the inventory -------------------------------------------------------------------
+    def inventory(self) -> dict[str, Any]:
+        if self._inventory is None:
+            self._inventory = self.runner.inventory()
+            hostvars = self._inventory.get("_meta", {}).get("hostvars", {})
+            patterns = next(
+                (
+                    hv.get("rig_secret_name_patterns")
+                    for hv in hostvars.values()
+                    if hv.get("rig_secret_name_patterns")
+                ),
+                DEFAULT_PATTERNS,
+            )
+            self.redact = Redactor(patterns)
+        return self._inventory
+
+    def rig_names(self) -> list[str]:
+        inv = self.inventory()
+        names: list[str] = []
+
+        def walk(group: str) -> None:
+            for host in inv.get(group, {}).get("hosts", []):
+                if host not in names:
+                    names.append(host)
+            for child in inv.get(group, {}).get("children", []):
+                walk(child)
+
+        walk("rigs")
+        return names
+
+    def hostvars(self, rig: str) -> dict[str, Any]:
+        return self.inventory()["_meta"]["hostvars"].get(rig, {})
+
+    def check_rig(self, rig: str) -> str:
+        names = self.rig_names()
+        if rig not in names:
+            raise ToolError(f"unknown rig {rig!r}: the inventory has {', '.join(names) or 'no rigs'}")
+        return rig
+
+    def catalog(self) -> dict[str, Any]:
+        for rig in self.rig_names():
+            models = self.hostvars(rig).get("rig_models")
+            if models:
+                return models
+        return {}
+
+    def check_model(self, model: str) -> str:
+        keys = sorted(self.catalog())
+        if model not in keys:
+            raise ToolError(f"unknown model {model!r}: the catalog has {', '.join(keys)}")
+        return model
+
+    # --- running playbooks ---------------------------------------------------------------
+    async def play(
+        self,
+        ctx: Context | None,
+        playbook: str,
+        limit: str,
+        extravars: dict[str, Any] | None = None,
+    ) -> PlayRun:
+        """Run a playbook in a worker thread, a progress notification per play and task."""
+        steps = 0
+
+        def on_step(step: str) -> None:
+            nonlocal steps
+            steps += 1
+            if ctx is not None:
+                anyio.from_thread.run(partial(ctx.report_progress, steps, None, self.redact(step)))
+
+        try:
+            run = await anyio.to_thread.run_sync(
+                partial(self.runner.run, playbook, limit=limit, extravars=extravars, on_step=on_step)
+            )
+        except PlaybookFailed as exc:
+            raise ToolError(self.redact(str(exc))) from None
+        if run.failure is not None:
+            raise ToolError(self.redact(run.failure.describe(playbook)))
+        return run
+
+    @contextmanager
+    def mutating(self, rigs: list[str], what: str) -> Iterator[None]:
+        try:
+            with self.locks.hold(rigs, what):
+                yield
+        except Busy as exc:
+            raise ToolError(str(exc)) from None
+
+    # --- tools ---------------------------------------------------------------------------
+    def list_rigs(self) -> list[dict[str, Any]]:
+        out = []
+        for rig in self.rig_names():
+            hv = self.hostvars(rig)
+            out.append(
+                {
+                    "rig": rig,
+                    "platform": hv.get("rig_platform"),
+                    "host": hv.get("ansible_host", rig),
+                    "port": hv.get("rig_port"),
+                    "inventory_model": hv.get("rig_model"),
+                }
+            )
+        return self.redact(out)
+
+    def list_models(self) -> list[dict[str, Any]]:
+        out = []
+        for name, entry in sorted(self.catalog().items()):
+            source = entry.get("source", {})
+            out.append(
+                {
+                    "model": name,
+                    "description": entry.get("description", ""),
+                    "kind": source.get("kind"),
+                    "target": source.get("target"),
+                    "size_bytes": entry.get("size_bytes"),
+                }
+            )
+        return out
+
+    async def status(self, rig: str, ctx: Context | None = None) -> dict[str, Any]:
+        run = await self.play(ctx, "playbooks/status.yml", self.check_rig(rig))
+        shown = run.result("Show the status", rig) or {}
+        lines: list[str] = []
+        for item in shown.get("msg", []):
+            lines.extend(item if isinstance(item, list) else [item])
+        fields = dict(line.split(": ", 1) for line in lines if ": " in line)
+        service = fields.get("service", "").split(" ")[0]
+        return self.redact(
+            {
+                "rig": rig,
+                "service": service,
+                "serving": service.startswith("active/") and fields.get("health") == "ok",
+                "health": fields.get("health"),
+                "model": fields.get("model"),
+                "lines": lines,
+            }
+        )
+
+    async def verify_clamp(self, rig: str, ctx: Context | None = None) -> dict[str, Any]:
+        run = await self.play(ctx, "playbooks/status.yml", self.check_rig(rig))
+        res = run.result("Check the Turing clamp", rig) or {}
+        words = f"{res.get('stdout', '')} {res.get('stderr', '')}".strip()
+        return {"rig": rig, "clamp": clamp_state(res.get("rc"), words), "detail": self.redact(words)}
+
+    async def logs(self, rig: str, lines: int, ctx: Context | None = None) -> dict[str, Any]:
+        if not 0 <= lines <= MAX_LOG_LINES:
+            raise ToolError(f"lines must be between 0 and {MAX_LOG_LINES}, got {lines}")
+        run = await self.play(ctx, "playbooks/logs.yml", self.check_rig(rig), {"lines": lines})
+        res = run.result("Read the journal", rig) or {}
+        got = (res.get("stdout") or "").splitlines()
+        return {"rig": rig, "lines": self.redact(got[-lines:] if lines else [])}
+
+    async def query(
+        self, prompt: str, rig: str | None, max_tokens: int, ctx: Context | None = None
+    ) -> dict[str, Any]:
+        target = self.check_rig(rig) if rig else (self.rig_names() or [""])[0]
+        if not target:
+            raise ToolError("the inventory has no rigs")
+        run = await self.play(
+            ctx, "playbooks/query.yml", target, {"prompt": prompt, "max_tokens": max_tokens}
+        )
+        shown = (run.result("Show the answer", target) or {}).get("msg", [])
+        res = run.result("Send a chat completion", target) or {}
+        doc = res.get("json") or {}
+        if doc.get("choices"):
+            message = doc["choices"][0].get("message", {})
+            model, answer = doc.get("model", ""), (message.get("content") or "").strip()
+            reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
+            finish = doc["choices"][0].get("finish_reason")
+            usage = doc.get("usage", {})
+        else:  # the request carried the API key, so its result is censored: read what was shown
+            model, _, answer = (shown[0] if shown else ": ").partition(": ")
+            reasoning, finish, usage = "", None, {}
+        result = {
+            "rig": target,
+            "model": model,
+            "answer": answer,
+            "finish_reason": finish,
+            "usage": usage,
+            "reasoning_only": not answer,
+        }
+        if not answer:
+            result["note"] = f"reasoning only: no answer within max_tokens ({max_tokens}); raise it" + (
+                f" (reasoning so far: {len(reasoning)} characters)" if reasoning else ""
+            )
+        return self.redact(result)
+
+    async def check_capacity(self, rig: str, model: str, ctx: Context | None = None) -> dict[str, Any]:
+        self.check_rig(rig)
+        entry = self.catalog()[self.check_model(model)]
+        run = await self.play(ctx, "playbooks/capacity.yml", rig)
+        facts = (run.result("Show the capacity", rig) or {}).get("msg") or {}
+        if not isinstance(facts, dict) or "disk_free_bytes" not in facts:
+            raise ToolError(f"capacity.yml showed no figures for {rig}")
+        hv = self.hostvars(rig)
+        found = capacity.terms(
+            facts,
+            int(entry.get("size_bytes") or 0),
+            float(hv.get("rig_vllm_gpu_memory_utilization", 0.9)),
+            int(hv.get("rig_vllm_kv_cache_memory_bytes", 0) or 0),
+        )
+        return {"rig": rig, "model": model, **capacity.verdict(rig, model, found), "facts": facts}
+
+    async def service(self, verb: str, rig: str, ctx: Context | None = None) -> dict[str, Any]:
+        self.check_rig(rig)
+        with self.mutating([rig], f"{verb} of {rig}"):
+            await self.play(ctx, f"playbooks/{verb}.yml", rig)
+        return {"rig": rig, "done": verb}
+
+    async def swap(self, model: str, rigs: list[str], ctx: Context | None = None) -> dict[str, Any]:
+        self.check_model(model)
+        if not rigs:
+            raise ToolError("rigs is empty: name at least one rig (see list_rigs)")
+        for rig in rigs:
+            self.check_rig(rig)
+        with self.mutating(rigs, f"swap of {', '.join(rigs)} to {model}"):
+            # Refused before anything is staged when the build does not fit a rig.
+            for rig in rigs:
+                fit = await self.check_capacity(rig, model, ctx)
+                if not fit["fits"]:
+                    raise ToolError(f"swap refused: {fit['summary']}")
+            # swap.yml's first play checks the model and builds it on the controller (hosts:
+            # localhost): a limit of the rigs alone would skip it.
+            run = await self.play(ctx, "playbooks/swap.yml", ",".join([*rigs, "localhost"]), {"model": model})
+        said = [
+            r["res"].get("msg")
+            for r in run.results
+            if r["task"].startswith(("Report", "Say")) and isinstance(r["res"].get("msg"), str)
+        ]
+        return self.redact({"model": model, "rigs": rigs, "messages": said})
+
+    async def bench(self, rig: str, quick: bool, ctx: Context | None = None) -> dict[str, Any]:
+        self.check_rig(rig)
+        extravars: dict[str, Any] = dict(QUICK_GRID) if quick else {}
+        if self.config.runs_dir is not None:
+            extravars |= {"bench_runs_dir": str(self.config.runs_dir), "bench_update_index": False}
+        with self.mutating([rig], f"bench of {rig}"):
+            run = await self.play(ctx, "playbooks/bench.yml", rig, extravars)
+        report = Path((run.result("Show where the report is", rig) or {}).get("msg", ""))
+        if not report.is_file():
+            raise ToolError(f"bench.yml named no report for {rig} (looked for {report})")
+        return {
+            "rig": rig,
+            "quick": quick,
+            "run_dir": str(report.parent),
+            "report": str(report),
+            "summary": summary_table(report.read_text()),
+        }
+
+
+def clamp_state(rc: int | None, words: str) -> str:
+    """The clamp check's outcome as one word: present once, absent, doubled, or unknown."""
+    if rc == 0:
+        return "present once"
+    if "missing" in words:
+        return "absent"
+    if re.search(r"present \d+ times", words):
+        return "doubled"
+    return "unknown"
+
+
+def summary_table(report: str) -> str:
+    """The first Markdown table of a REPORT.md."""
+    lines = report.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("|")), None)
+    if start is None:
+        return ""
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return "\n".join(lines[start:end])
+
+
+TOOLS: dict[str, str] = {
+    "list_rigs": "The rigs in the inventory: name, platform, host, port, the model the inventory names.",
+    "list_models": "The model catalog: key, description, build kind and target, size in bytes.",
+    "status": "One rig's status, worded as playbooks/status.yml: service, health, model, KV cache, clamp, memory.",
+    "start": "Start vLLM on a rig and wait until the model answers (playbooks/start.yml).",
+    "stop": "Stop vLLM on a rig (playbooks/stop.yml).",
+    "restart": "Restart vLLM on a rig and wait until the model answers (playbooks/restart.yml).",
+    "query": "Ask the model a rig serves now; flags a reply that is reasoning only (no answer).",
+    "swap": "Change the served model on the given rigs, one at a time, rolled back on failure (swap.yml).",
+    "logs": "The last lines of vLLM's journal on a rig.",
+    "check_capacity": "Whether a catalog build fits a rig: disk, memory, accelerator memory; names the binding term.",
+    "verify_clamp": "The Turing clamp on a rig: present once, absent or doubled.",
+    "bench": "Benchmark a rig (quick: one cell) and record the run; returns the summary table and the run's path.",
+}
+
+
+def build(config: Config, runner: PlaybookRunner | None = None) -> MCPServer:
+    """The MCP server with its tools (only the read-only ones under ``config.read_only``)."""
+    srv = RigServer(config, runner)
+    mcp = MCPServer(SERVER_NAME, instructions="Operate the gemma-rig inventory: vLLM rigs serving Gemma 4.")
+    ro = ToolAnnotations(read_only_hint=True, destructive_hint=False)
+    rw = ToolAnnotations(read_only_hint=False, destructive_hint=False)
+
+    def add(fn: Callable[..., Any], name: str) -> None:
+        if config.read_only and name in MUTATING:
+            return
+        mcp.add_tool(fn, name=name, description=TOOLS[name], annotations=rw if name in MUTATING else ro)
+
+    async def list_rigs() -> list[dict[str, Any]]:
+        return await anyio.to_thread.run_sync(srv.list_rigs)
+
+    async def list_models() -> list[dict[str, Any]]:
+        return await anyio.to_thread.run_sync(srv.list_models)
+
+    async def status(rig: RigName, ctx: Context) -> dict[str, Any]:
+        return await srv.status(rig, ctx)
+
+    async def start(rig: RigName, ctx: Context) -> dict[str, Any]:
+        return await srv.service("start", rig, ctx)
+
+    async def stop(rig: RigName, ctx: Context) -> dict[str, Any]:
+        return await srv.service("stop", rig, ctx)
+
+    async def restart(rig: RigName, ctx: Context) -> dict[str, Any]:
+        return await srv.service("restart", rig, ctx)
+
+    async def query(
+        prompt: Annotated[str, Field(description="The user message.", min_length=1)],
+        ctx: Context,
+        rig: Annotated[
+            str | None, Field(description="A rig's name; default: the inventory's first rig.")
+        ] = None,
+        max_tokens: Annotated[
+            int, Field(description="Completion budget (Gemma 4 reasons first).", ge=1, le=32768)
+        ] = 512,
+    ) -> dict[str, Any]:
+        return await srv.query(prompt, rig, max_tokens, ctx)
+
+    async def swap(
+        model: ModelKey,
+        rigs: Annotated[list[str], Field(description="Rig names, swapped one at a time.", min_length=1)],
+        ctx: Context,
+    ) -> dict[str, Any]:
+        return await srv.swap(model, rigs, ctx)
+
+    async def logs(
+        rig: RigName,
+        ctx: Context,
+        # The bounds are in the schema; the tool checks them itself, so a bad count gets one clear line.
+        lines: Annotated[
+            int,
+            Field(
+                description="How many journal lines.",
+                json_schema_extra={"minimum": 0, "maximum": MAX_LOG_LINES},
+            ),
+        ] = 50,
+    ) -> dict[str, Any]:
+        return await srv.logs(rig, lines, ctx)
+
+    async def check_capacity(rig: RigName, model: ModelKey, ctx: Context) -> dict[str, Any]:
+        return await srv.check_capacity(rig, model, ctx)
+
+    async def verify_clamp(rig: RigName, ctx: Context) -> dict[str, Any]:
+        return await srv.verify_clamp(rig, ctx)
+
+    async def bench(
+        rig: RigName,
+        ctx: Context,
+        quick: Annotated[bool, Field(description="One small cell instead of the full grid.")] = True,
+    ) -> dict[str, Any]:
+        return await srv.bench(rig, quick, ctx)
+
+    for fn, name in (
+        (list_rigs, "list_rigs"),
+        (list_models, "list_models"),
+        (status, "status"),
+        (start, "start"),
+        (stop, "stop"),
+        (restart, "restart"),
+        (query, "query"),
+        (swap, "swap"),
+        (logs, "logs"),
+        (check_capacity, "check_capacity"),
+        (verify_clamp, "verify_clamp"),
+        (bench, "bench"),
+    ):
+        add(fn, name)
+    return mcp
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m rig_mcp", description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "-i", "--inventory", action="append", help=f"inventory file(s) (default: {DEFAULT_INVENTORY})"
+    )
+    p.add_argument("--read-only", action="store_true", help="expose only the tools that change nothing")
+    p.add_argument(
+        "--lock-dir", type=Path, default=DEFAULT_LOCK_DIR, help="per-rig lock files (default: %(default)s)"
+    )
+    p.add_argument("--runs-dir", type=Path, help="where bench records go (default: evidence/runs)")
+    p.add_argument("--http", action="store_true", help="serve streamable HTTP instead of stdio")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP address (default: %(default)s)")
+    p.add_argument("--port", type=int, default=8765, help="HTTP port (default: %(default)s)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    config = Config(args.inventory or [DEFAULT_INVENTORY], args.read_only, args.lock_dir, args.runs_dir)
+    server = build(config)
+    if args.http:
+        server.run("streamable-http", host=args.host, port=args.port)
+    else:
+        server.run("stdio")
+    return 0
+
+
+__all__ = ["ROOT", "Config", "RigServer", "build", "main"]
