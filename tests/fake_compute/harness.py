@@ -10,10 +10,12 @@ import contextlib
 import importlib.util
 import io
 import json
+import unittest.mock
 from pathlib import Path
 from typing import Any
 
 import ansible.module_utils
+from ansible.module_utils import _internal
 from ansible.module_utils.testing import patch_module_args
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +47,15 @@ def run_module(
     args["_ansible_check_mode"] = check
     args["_ansible_diff"] = diff
     out = io.StringIO()
-    with patch_module_args(args), contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+    # A module runs in its own process on the target, where ansible-core knows it is not the
+    # controller. Once any test in this process imports controller code (a lookup plugin's tests
+    # do, at collection), module.warn() would go to the controller's display instead of the result.
+    with (
+        unittest.mock.patch.object(_internal, "is_controller", False),
+        patch_module_args(args),
+        contextlib.redirect_stdout(out),
+        contextlib.suppress(SystemExit),
+    ):
         MODULES[module].main()
     return json.loads(out.getvalue())
 
