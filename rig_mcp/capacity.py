@@ -29,6 +29,19 @@ class Term:
         return self.have_bytes - self.need_bytes
 
 
+def vllm_memory_flags(hostvars: dict) -> tuple[float, int]:
+    """gpu-memory-utilization and kv-cache-memory-bytes as the rig's unit gets them.
+
+    The flags are the platform profile's ``rig_vllm_flags`` with the host's ``rig_vllm_host_flags``
+    on top, where null drops a flag (rig_config merges them the same way); vLLM's defaults apply
+    to a flag that is not there: 0.9, and no fixed KV cache size.
+    """
+    flags = {**(hostvars.get("rig_vllm_flags") or {}), **(hostvars.get("rig_vllm_host_flags") or {})}
+    utilization = flags.get("gpu-memory-utilization")
+    kv_bytes = flags.get("kv-cache-memory-bytes")
+    return float(0.9 if utilization is None else utilization), int(kv_bytes or 0)
+
+
 def terms(facts: dict, size_bytes: int, gpu_memory_utilization: float, cpu_kv_cache_bytes: int) -> list[Term]:
     """The capacity terms for a build of ``size_bytes`` on a rig whose ``facts`` capacity.yml read."""
     out = [Term("disk", int(facts["disk_free_bytes"]), size_bytes)]

@@ -264,13 +264,8 @@ class RigServer:
         facts = (run.result("Show the capacity", rig) or {}).get("msg") or {}
         if not isinstance(facts, dict) or "disk_free_bytes" not in facts:
             raise ToolError(f"capacity.yml showed no figures for {rig}")
-        hv = self.hostvars(rig)
-        found = capacity.terms(
-            facts,
-            int(entry.get("size_bytes") or 0),
-            float(hv.get("rig_vllm_gpu_memory_utilization", 0.9)),
-            int(hv.get("rig_vllm_kv_cache_memory_bytes", 0) or 0),
-        )
+        utilization, kv_bytes = capacity.vllm_memory_flags(self.hostvars(rig))
+        found = capacity.terms(facts, int(entry.get("size_bytes") or 0), utilization, kv_bytes)
         return {"rig": rig, "model": model, **capacity.verdict(rig, model, found), "facts": facts}
 
     async def service(self, verb: str, rig: str, ctx: Context | None = None) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import pytest
+import yaml
 from mcp import Client
 
 from rig_mcp import capacity, docs
@@ -387,3 +388,14 @@ def test_swap_is_refused_when_the_build_does_not_fit(tmp_path) -> None:
     assert [c[0] for c in runner.calls] == ["playbooks/capacity.yml", "playbooks/swap.yml"]
     # The limit keeps swap.yml's controller play (the catalog check and the build) in the run.
     assert runner.calls[1][1:] == ("rig-local,localhost", {"model": "tiny-emb4"})
+
+
+def test_capacity_reads_the_flags_the_unit_gets() -> None:
+    """The profiles' own flag mappings (inventory/group_vars), with a host's changes on top."""
+    root = Path(__file__).resolve().parents[2]
+    local = yaml.safe_load((root / "inventory" / "group_vars" / "local.yml").read_text())
+    gce = yaml.safe_load((root / "inventory" / "group_vars" / "gce.yml").read_text())
+    assert capacity.vllm_memory_flags(local) == (0.9, 268435456)
+    assert capacity.vllm_memory_flags(gce) == (0.9, 0)
+    host = {**gce, "rig_vllm_host_flags": {"gpu-memory-utilization": 0.8, "kv-cache-memory-bytes": None}}
+    assert capacity.vllm_memory_flags(host) == (0.8, 0)
