@@ -271,8 +271,24 @@ class RigServer:
     async def service(self, verb: str, rig: str, ctx: Context | None = None) -> dict[str, Any]:
         self.check_rig(rig)
         with self.mutating([rig], f"{verb} of {rig}"):
+            if verb in ("start", "restart"):
+                await self.refuse_start_when_short(verb, rig, ctx)
             await self.play(ctx, f"playbooks/{verb}.yml", rig)
         return {"rig": rig, "done": verb}
+
+    async def refuse_start_when_short(self, verb: str, rig: str, ctx: Context | None) -> None:
+        """ToolError when the rig's memory cannot hold the build tpu.env names (the disk already does)."""
+        run = await self.play(ctx, "playbooks/capacity.yml", rig)
+        facts = (run.result("Show the capacity", rig) or {}).get("msg") or {}
+        key = facts.get("served_key") if isinstance(facts, dict) else None
+        entry = self.catalog().get(key or "")
+        if not entry:
+            return  # no tpu.env yet, or a build outside the catalog: the unit's own checks decide
+        utilization, kv_bytes = capacity.vllm_memory_flags(self.hostvars(rig))
+        found = capacity.terms(facts, int(entry.get("size_bytes") or 0), utilization, kv_bytes)
+        fit = capacity.verdict(rig, key, [t for t in found if t.name != "disk"])
+        if not fit["fits"]:
+            raise ToolError(f"{verb} refused: {fit['summary']}")
 
     async def swap(self, model: str, rigs: list[str], ctx: Context | None = None) -> dict[str, Any]:
         self.check_model(model)

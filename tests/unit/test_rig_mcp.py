@@ -356,11 +356,12 @@ def test_query_flags_a_reply_that_is_reasoning_only(tmp_path) -> None:
     assert got.structured_content["reasoning_only"] is False and got.structured_content["answer"] == "Paris"
 
 
-def capacity_run(disk_free: int) -> PlayRun:
+def capacity_run(disk_free: int, mem_total: int = 8 * capacity.GIB, served: str = "tiny-emb4") -> PlayRun:
     facts = {
         "disk_free_bytes": disk_free,
         "disk_path": "/opt1",
-        "mem_total_bytes": 8 * capacity.GIB,
+        "served_key": served,
+        "mem_total_bytes": mem_total,
         "mem_available_bytes": 4 * capacity.GIB,
         "swap_total_bytes": 0,
         "accelerator_total_bytes": None,
@@ -399,3 +400,21 @@ def test_capacity_reads_the_flags_the_unit_gets() -> None:
     assert capacity.vllm_memory_flags(gce) == (0.9, 0)
     host = {**gce, "rig_vllm_host_flags": {"gpu-memory-utilization": 0.8, "kv-cache-memory-bytes": None}}
     assert capacity.vllm_memory_flags(host) == (0.8, 0)
+
+
+@pytest.mark.parametrize("verb", ["start", "restart"])
+def test_start_is_refused_when_memory_cannot_hold_the_served_build(tmp_path, verb: str) -> None:
+    """The build tpu.env names must fit host memory (the disk already holds it: not counted)."""
+    short = FakeRunner({"playbooks/capacity.yml": capacity_run(0, mem_total=capacity.GIB)})
+    got = call(Config(lock_dir=tmp_path), short, verb, {"rig": "rig-local"})
+    assert got.is_error
+    assert f"{verb} refused: tiny-emb4 does not fit rig-local: memory is short by " in got.content[0].text
+    assert [c[0] for c in short.calls] == ["playbooks/capacity.yml"]  # the unit was never touched
+    room = FakeRunner(
+        {
+            "playbooks/capacity.yml": capacity_run(0),
+            f"playbooks/{verb}.yml": PlayRun(f"playbooks/{verb}.yml", "successful", 0),
+        }
+    )
+    assert not call(Config(lock_dir=tmp_path), room, verb, {"rig": "rig-local"}).is_error
+    assert [c[0] for c in room.calls] == ["playbooks/capacity.yml", f"playbooks/{verb}.yml"]
