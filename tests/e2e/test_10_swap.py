@@ -33,7 +33,7 @@ def test_unknown_key_fails_fast_and_touches_nothing(local_rig) -> None:
     started = unit_started_at(local_rig.container)
     run = swap("no-such-model")
     assert run.rc != 0
-    assert "unknown model no-such-model" in run.output
+    assert "model 'no-such-model' is not in the catalog (rig_models); valid keys:" in run.output
     assert "tiny-w8a8" in run.output and "tiny-emb4" in run.output  # the valid keys are listed
     assert "rig-local" not in run.recap  # the rig's play never started
     assert unit_started_at(local_rig.container) == started
