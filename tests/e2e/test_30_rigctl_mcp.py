@@ -269,7 +269,7 @@ def test_swap_reports_progress_and_a_concurrent_call_is_busy(mcp_dirs, local_rig
     assert f"busy: swap of {RIG} to {OTHER_MODEL} since " in busy.content[0].text, busy.content[0].text
     assert any(p.startswith("play: ") for p in progress), progress
     tasks = [p for p in progress if p.startswith("task: ")]
-    assert "task: Check that the model is in the catalog" in tasks, tasks
+    assert "task: Look up the model in the catalog" in tasks, tasks
     assert len(tasks) >= 10, tasks  # one notification per task
 
 
