@@ -260,13 +260,22 @@ class RigServer:
     async def check_capacity(self, rig: str, model: str, ctx: Context | None = None) -> dict[str, Any]:
         self.check_rig(rig)
         entry = self.catalog()[self.check_model(model)]
+        facts = await self.read_capacity(rig, ctx)
+        if "disk_free_bytes" not in facts:
+            raise ToolError(f"capacity.yml showed no figures for {rig}")
+        found = self.weigh(rig, entry, facts)
+        return {"rig": rig, "model": model, **capacity.verdict(rig, model, found), "facts": facts}
+
+    async def read_capacity(self, rig: str, ctx: Context | None) -> dict[str, Any]:
+        """What capacity.yml read on the rig ({} when it showed nothing)."""
         run = await self.play(ctx, "playbooks/capacity.yml", rig)
         facts = (run.result("Show the capacity", rig) or {}).get("msg") or {}
-        if not isinstance(facts, dict) or "disk_free_bytes" not in facts:
-            raise ToolError(f"capacity.yml showed no figures for {rig}")
+        return facts if isinstance(facts, dict) else {}
+
+    def weigh(self, rig: str, entry: dict[str, Any], facts: dict[str, Any]) -> list[capacity.Term]:
+        """The capacity terms of the catalog ``entry`` on ``rig``, with the flags its unit gets."""
         utilization, kv_bytes = capacity.vllm_memory_flags(self.hostvars(rig))
-        found = capacity.terms(facts, int(entry.get("size_bytes") or 0), utilization, kv_bytes)
-        return {"rig": rig, "model": model, **capacity.verdict(rig, model, found), "facts": facts}
+        return capacity.terms(facts, int(entry.get("size_bytes") or 0), utilization, kv_bytes)
 
     async def service(self, verb: str, rig: str, ctx: Context | None = None) -> dict[str, Any]:
         self.check_rig(rig)
@@ -278,15 +287,12 @@ class RigServer:
 
     async def refuse_start_when_short(self, verb: str, rig: str, ctx: Context | None) -> None:
         """ToolError when the rig's memory cannot hold the build tpu.env names (the disk already does)."""
-        run = await self.play(ctx, "playbooks/capacity.yml", rig)
-        facts = (run.result("Show the capacity", rig) or {}).get("msg") or {}
-        key = facts.get("served_key") if isinstance(facts, dict) else None
-        entry = self.catalog().get(key or "")
+        facts = await self.read_capacity(rig, ctx)
+        key = facts.get("served_key") or ""
+        entry = self.catalog().get(key)
         if not entry:
             return  # no tpu.env yet, or a build outside the catalog: the unit's own checks decide
-        utilization, kv_bytes = capacity.vllm_memory_flags(self.hostvars(rig))
-        found = capacity.terms(facts, int(entry.get("size_bytes") or 0), utilization, kv_bytes)
-        fit = capacity.verdict(rig, key, [t for t in found if t.name != "disk"])
+        fit = capacity.verdict(rig, key, [t for t in self.weigh(rig, entry, facts) if t.name != "disk"])
         if not fit["fits"]:
             raise ToolError(f"{verb} refused: {fit['summary']}")
 
