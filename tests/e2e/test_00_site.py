@@ -2,13 +2,38 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from tests.ansible_run import run_playbook
-from tests.e2e.rig import assert_serving, chat, unit_started_at
+from tests.ansible_run import PlaybookRun, run_playbook
+from tests.e2e.rig import assert_serving, chat, podman, unit_started_at
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 RIG_START = "none"  # this file stands the rig up
+
+# Every file the roles install on a rig: a converged run reads them back in one round trip per role
+# and runs none of these tasks (each is two round trips even when it changes nothing).
+INSTALL_TASKS = (
+    "rig_host : Copy the extra CA bundle into the system trust store",
+    "rig_host : Point TMPDIR and the caches at the data disk for shells",
+    "rig_host : Point pip at the data disk (and the system CA store)",
+    "rig_host : Install the base packages",
+    "vllm_service : Install the unit",
+    "vllm_service : Install the swap journal tool",
+    "vllm_service : Install the clamp check (ExecStartPre)",
+    "vllm_service : Install rigctl, the rig's own command (status, start, stop, logs, query, clamp)",
+)
+
+
+def task_results(run: PlaybookRun) -> dict[str, set[str]]:
+    """{task name: the result words its hosts got (ok, changed, skipping, failed)} from the output."""
+    results: dict[str, set[str]] = {}
+    for chunk in run.output.split("TASK [")[1:]:
+        name = chunk.split("]", 1)[0]
+        words = {m.group(1) for m in re.finditer(r"^(ok|changed|skipping|failed|fatal): \[", chunk, re.M)}
+        results.setdefault(name, set()).update(words)
+    return results
 
 
 def test_site_stands_up_a_rig_that_answers(local_rig, figure) -> None:
@@ -28,11 +53,33 @@ def test_second_run_changes_nothing(local_rig, figure) -> None:
     figure("site.yml re-run on a converged rig", f"{run.seconds:.0f} s, changed={run.total('changed')}")
     assert run.total("changed", hosts=["rig-local"]) == 0, run.output[-6000:]
     assert unit_started_at(local_rig.container) == started
+    results = task_results(run)
+    assert {name: results.get(name) for name in INSTALL_TASKS} == {
+        name: {"skipping"} for name in INSTALL_TASKS
+    }
 
 
-def test_check_mode_reports_no_changes_and_touches_nothing(local_rig) -> None:
+def test_check_mode_reports_only_the_drift_and_touches_nothing(local_rig) -> None:
+    """A file whose content or mode drifted is the one task check mode reports; nothing is written."""
+    container, profile, rigctl = local_rig.container, "/etc/profile.d/gemma-rig.sh", "/usr/local/bin/rigctl"
+    original = podman("exec", container, "cat", profile).stdout
+    assert (
+        podman(
+            "exec", container, "sh", "-c", f"echo '# drift' >> {profile} && chmod 0700 {rigctl}"
+        ).returncode
+        == 0
+    )
     started = unit_started_at(local_rig.container)
-    run = run_playbook("site.yml", "--check")
-    assert run.rc == 0, run.output[-6000:]
-    assert run.total("changed", hosts=["rig-local"]) == 0, run.output[-6000:]
-    assert unit_started_at(local_rig.container) == started
+    try:
+        run = run_playbook("site.yml", "--check")
+        assert run.rc == 0, run.output[-6000:]
+        assert run.total("changed", hosts=["rig-local"]) == 2, run.output[-6000:]
+        results = task_results(run)
+        assert results["rig_host : Point TMPDIR and the caches at the data disk for shells"] == {"changed"}
+        assert results[INSTALL_TASKS[-1]] == {"changed"}
+        assert podman("exec", container, "stat", "-c", "%a", rigctl).stdout.strip() == "700"  # untouched
+        assert podman("exec", container, "tail", "-n1", profile).stdout == "# drift\n"
+        assert unit_started_at(local_rig.container) == started
+    finally:
+        restore = f'printf %s "$1" > {profile} && chmod 0755 {rigctl}'
+        assert podman("exec", container, "sh", "-c", restore, "sh", original).returncode == 0
