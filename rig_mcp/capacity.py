@@ -12,7 +12,10 @@ when every headroom is 0 or more, and the smallest one is the binding term.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import asdict, dataclass
+
+from rig_mcp.playbooks import ROOT
 
 GIB = 1024**3
 RUNTIME_RESERVE_BYTES = GIB
@@ -29,14 +32,30 @@ class Term:
         return self.have_bytes - self.need_bytes
 
 
+def _load_rig_flags():
+    """The roles' own merge of the flags, the rig_flags filter plugin, loaded from its file.
+
+    plugins/ is Ansible's folder, not a Python package (nor one the project installs), so it is
+    loaded by path from the repository this package sits in, as the playbooks are.
+    """
+    spec = importlib.util.spec_from_file_location(
+        "gemma_rig_filter_rig_flags", ROOT / "plugins" / "filter" / "rig_flags.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.rig_flags
+
+
+rig_flags = _load_rig_flags()
+
+
 def vllm_memory_flags(hostvars: dict) -> tuple[float, int]:
     """gpu-memory-utilization and kv-cache-memory-bytes as the rig's unit gets them.
 
-    The flags are the platform profile's ``rig_vllm_flags`` with the host's ``rig_vllm_host_flags``
-    on top, where null drops a flag (rig_config merges them the same way); vLLM's defaults apply
-    to a flag that is not there: 0.9, and no fixed KV cache size.
+    The flags are merged by ``rig_flags``, the filter tpu.env and the unit are rendered with;
+    vLLM's defaults apply to a flag that is not there: 0.9, and no fixed KV cache size.
     """
-    flags = {**(hostvars.get("rig_vllm_flags") or {}), **(hostvars.get("rig_vllm_host_flags") or {})}
+    flags = rig_flags(hostvars.get("rig_vllm_flags") or {}, hostvars.get("rig_vllm_host_flags") or {})
     utilization = flags.get("gpu-memory-utilization")
     kv_bytes = flags.get("kv-cache-memory-bytes")
     return float(0.9 if utilization is None else utilization), int(kv_bytes or 0)

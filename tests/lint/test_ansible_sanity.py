@@ -29,7 +29,12 @@ NAMESPACE, NAME = "gemma_rig", "rig"
 TESTS = ("validate-modules", "import", "compile", "pep8", "pylint")
 IGNORE = ROOT / "tests" / "lint" / "sanity-ignore.txt"
 # Ansible plugins of the project that ansible-test checks besides the modules: (source, target).
-PLUGIN_DIRS = (("library", "modules"), ("module_utils", "module_utils"), ("plugins/lookup", "lookup"))
+PLUGIN_DIRS = (
+    ("library", "modules"),
+    ("module_utils", "module_utils"),
+    ("plugins/lookup", "lookup"),
+    ("plugins/filter", "filter"),
+)
 
 GET_PIP_STANDIN = '''"""Stand-in for get-pip.py {version}, written by gemma-rig's tests/lint/test_ansible_sanity.py.
 

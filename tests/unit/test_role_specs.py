@@ -129,7 +129,11 @@ def test_good_defaults_pass_validation(tmp_path: Path) -> None:
                         "argument_spec": yaml.safe_load(
                             (ROOT / "roles/rig_host/meta/argument_specs.yml").read_text()
                         )["argument_specs"]["main"]["options"],
-                        "provided_arguments": {"rig_host_swap_enabled": False, "rig_host_swap_size_mb": 16},
+                        "provided_arguments": {
+                            "rig_data_dir": "/srv/rig",
+                            "rig_host_swap_enabled": False,
+                            "rig_host_swap_size_mb": 16,
+                        },
                     }
                 }
             ],
