@@ -54,6 +54,13 @@ def test_vllm_runs_as_its_own_user(local_rig) -> None:
     assert rig_exec(local_rig.container, "ps", "-o", "user=", "-p", pid).strip() == "vllm"
 
 
+def test_vllm_runs_the_model_in_the_engine_process(local_rig) -> None:
+    """The local profile's uni executor: vLLM's processes are the API server and its engine only."""
+    names = rig_exec(local_rig.container, "ps", "-u", "vllm", "-o", "args=").splitlines()
+    assert any(name.startswith("VLLM::EngineCore") for name in names), names
+    assert not any("Worker" in name for name in names), names
+
+
 def test_vllm_gets_the_local_profiles_flags_in_order(local_rig) -> None:
     """Every flag of the local profile reaches vLLM's argv (tpu.env -> unit), valued ones in order."""
     flags = yaml.safe_load((ROOT / "inventory" / "group_vars" / "local.yml").read_text())["rig_vllm_flags"]
