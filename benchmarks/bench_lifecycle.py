@@ -22,8 +22,10 @@ systemd's own timestamps of the same restart (stop began, stopped, ExecStartPre 
 read from the unit after each run and recorded beside it.
 
 Every step but cold runs N times; the medians and the ratios (swap downtime / restart downtime,
-converged / cold) are printed, and with --record DIR written to DIR/LABEL.json together with every
-run's figures, the commit and the machine's load. The rig is removed at the end unless --keep.
+converged / cold) are printed, with the like-for-like difference: the swaps back to --model (the
+model the restarts restart; each build loads at its own pace) against the restarts. With --record
+DIR they are written to DIR/LABEL.json together with every run's figures, the commit and the
+machine's load. The rig is removed at the end unless --keep.
 This is a benchmark, not a test: it prints figures and never fails on them (only on a playbook
 that fails).
 """
@@ -163,6 +165,10 @@ def summarize(runs: dict[str, list[float]]) -> dict[str, float | None]:
     med["converged_over_cold"] = ratio(med.get("converged_s"), med.get("cold_s"))
     sd, rd = med.get("swap_downtime_s"), med.get("restart_downtime_s")
     med["swap_minus_restart_downtime_s"] = None if sd is None or rd is None else sd - rd
+    # Like for like: the swaps back to the model the restarts restart (each build loads at its own
+    # pace, so a swap to another build also measures that build's start).
+    bd = med.get("swap_back_downtime_s")
+    med["swap_back_minus_restart_downtime_s"] = None if bd is None or rd is None else bd - rd
     return med
 
 
@@ -178,10 +184,12 @@ def table(med: dict[str, float | None], label: str) -> str:
         ("restart downtime", "restart_downtime_s", "s"),
         ("swap.yml (to and back)", "swap_s", "s"),
         ("swap downtime", "swap_downtime_s", "s"),
+        ("swap downtime, back to the restart's model", "swap_back_downtime_s", "s"),
         ("swap.yml to the served model", "swap_same_s", "s"),
         ("status.yml", "status_s", "s"),
         ("swap downtime / restart downtime", "swap_over_restart_downtime", "x"),
         ("swap downtime - restart downtime", "swap_minus_restart_downtime_s", "s"),
+        ("swap back downtime - restart downtime", "swap_back_minus_restart_downtime_s", "s"),
         ("converged / cold", "converged_over_cold", "x"),
     ]
     out = [f"| step ({label}) | median |", "|---|---|"]
@@ -402,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
                             f"swap to {to} {i + 1}", "swap.yml", "-e", f"model={to}", expect_model=to
                         )
                         note(step, "swap")
+                        if to == args.model and step.downtime_s is not None:
+                            figures.setdefault("swap_back_downtime_s", []).append(step.downtime_s)
                 if "swap_same" in args.steps:
                     step = rig.playbook(
                         f"swap to the served model {i + 1}", "swap.yml", "-e", f"model={args.model}"

@@ -1,10 +1,9 @@
 """Start vLLM's CPU build from this interpreter on a model directory, the local rig's way; yield its URL.
 
 Shared by the tests that need a real server on the controller (tests/repack/test_vllm.py, the
-evidence tests). The flags are the local platform's (inventory/group_vars/local.yml): bf16,
-max-model-len 2048, max-num-seqs 4, eager, an explicit KV cache size; prefix caching is off so
-benchmark repeats cannot hit it. ``dtype`` replaces bf16 where a test needs another datapath
-(float16, the T4's). ``RIG_TEST_PORTS=LOW-HIGH`` keeps the servers' ports in a range
+evidence tests). The flags and environment are the local platform profile's, read from
+inventory/group_vars/local.yml; prefix caching is off so benchmark repeats cannot hit it. ``dtype``
+replaces the profile's where a test needs another datapath (float16, the T4's). ``RIG_TEST_PORTS=LOW-HIGH`` keeps the servers' ports in a range
 (for runs that share the host with another test run); otherwise the OS picks a free port.
 """
 
@@ -22,16 +21,42 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import yaml
+
 from repack.make_tiny_qat import build as build_qat
 from repack.pipeline import run as run_steps
 from repack.steps import STEPS
 
 START_TIMEOUT_S = 900  # a loaded 2-core CI box takes minutes to start vLLM
-RIG_DTYPE = "bfloat16"
+LOCAL_PROFILE = Path(__file__).resolve().parents[1] / "inventory" / "group_vars" / "local.yml"
+
+
+def _profile() -> dict:
+    return yaml.safe_load(LOCAL_PROFILE.read_text())
+
+
+def flag_argv(flags: dict) -> list[str]:
+    """vLLM's argv for a profile's flags, as the rig's unit passes them: a value follows its flag, a
+    switch (true) stands alone, a mapping is JSON, null and false leave the flag out."""
+    argv: list[str] = []
+    for key, value in flags.items():
+        if value is None or value is False:
+            continue
+        argv.append(f"--{key}")
+        if value is not True:
+            argv.append(json.dumps(value) if isinstance(value, dict) else str(value))
+    return argv
+
+
+RIG_DTYPE = _profile()["rig_vllm_flags"]["dtype"]
+# The local profile's flags but dtype (a test may serve another datapath: float16, the T4's), and no
+# prefix caching, so benchmark repeats cannot hit it.
 RIG_FLAGS = (
-    "--max-model-len", "2048", "--max-num-seqs", "4",
-    "--kv-cache-memory-bytes", str(256 << 20), "--enforce-eager", "--no-enable-prefix-caching",
-)  # fmt: skip
+    *flag_argv({k: v for k, v in _profile()["rig_vllm_flags"].items() if k != "dtype"}),
+    "--no-enable-prefix-caching",
+)
+# The profile's environment for vLLM (one process fewer at every start).
+RIG_ENV = {k: str(v) for k, v in _profile().get("rig_vllm_profile_environment", {}).items()}
 
 
 def free_port() -> int:
@@ -89,7 +114,9 @@ def serve(
     url = f"http://127.0.0.1:{port}"
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **RIG_ENV}
+        )
     try:
         deadline = time.monotonic() + timeout
         while _served_name(url) != name:
@@ -97,12 +124,12 @@ def serve(
                 raise RuntimeError(f"vLLM exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"vLLM not ready after {timeout:.0f} s:\n{log.read_text()[-4000:]}")
-            time.sleep(2)
+            time.sleep(0.5)
         yield url
         if proc.poll() is not None:
             raise RuntimeError(f"vLLM died while in use:\n{log.read_text()[-4000:]}")
     finally:
-        # The server's whole process group: the API server, its engine core and worker.
+        # The server's whole process group: the API server and its engine core.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
         try:

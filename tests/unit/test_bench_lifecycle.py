@@ -93,15 +93,18 @@ def test_medians_and_the_target_ratios() -> None:
             "converged_s": [30.0, 20.0, 25.0],
             "restart_downtime_s": [10.0, 12.0, 11.0],
             "swap_downtime_s": [14.0, 16.0, 13.0, 15.0],
+            "swap_back_downtime_s": [13.0, 15.0],
         }
     )
     assert med["converged_s"] == 25.0 and med["restart_downtime_s"] == 11.0 and med["swap_downtime_s"] == 14.5
     assert med["swap_over_restart_downtime"] == pytest.approx(14.5 / 11.0)
     assert med["swap_minus_restart_downtime_s"] == pytest.approx(3.5)
+    assert med["swap_back_minus_restart_downtime_s"] == pytest.approx(3.0)
     assert med["converged_over_cold"] == pytest.approx(25.0 / 300.0)
     # a step that was not measured gives no ratio rather than a wrong one
     partial = bl.summarize({"converged_s": [20.0]})
     assert partial["converged_over_cold"] is None and partial["swap_over_restart_downtime"] is None
+    assert partial["swap_back_minus_restart_downtime_s"] is None
     assert bl.ratio(1.0, 0.0) is None
 
 
