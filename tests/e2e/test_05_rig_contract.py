@@ -8,8 +8,11 @@ roles, so they run on it instead (the clamp refusal: test_90_swap_crash's start-
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import re
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -52,6 +55,22 @@ def test_vllm_runs_as_its_own_user(local_rig) -> None:
     pid = rig_exec(local_rig.container, "systemctl", "show", "-p", "MainPID", "--value", "vllm").strip()
     assert pid not in ("", "0"), "vllm.service has no main process"
     assert rig_exec(local_rig.container, "ps", "-o", "user=", "-p", pid).strip() == "vllm"
+
+
+def test_the_plugin_on_the_rig_is_the_source_tree(local_rig) -> None:
+    """The digest recorded beside the plugin's copy is the source tree's, computed by the role's own code
+    (a digest of nothing once matched every tree, so a changed plugin was never sent)."""
+    code = yaml.safe_load((ROOT / "roles/vllm/vars/main.yml").read_text())["_vllm_tree_digest_code"]
+    source = ROOT / "roles/vllm/files/vllm_cpu_int4_embedding"
+    digest = subprocess.run(
+        [sys.executable, "-I", "-c", code, str(source), ".egg-info", "__pycache__"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    assert digest != hashlib.sha256().hexdigest()
+    recorded = rig_exec(local_rig.container, "cat", "/opt1/plugins/vllm-cpu-int4-embedding.sha256").strip()
+    assert recorded == digest
+    listed = rig_exec(local_rig.container, "find", "/opt1/plugins/vllm-cpu-int4-embedding", "-name", "*.py")
+    assert "/opt1/plugins/vllm-cpu-int4-embedding/vllm_cpu_int4_embedding/gather.py" in listed.split()
 
 
 def test_vllm_runs_the_model_in_the_engine_process(local_rig) -> None:
