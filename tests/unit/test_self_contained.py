@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import yaml
+
 from tests.conftest import ROOT
 
 # role_path/.., role_path | dirname, playbook_dir/.. and playbook_dir | dirname.
@@ -25,3 +27,24 @@ def test_no_path_leaves_a_role_or_the_playbooks() -> None:
         "paths out of their folder (ship the file in the role, or use rig_project_dir):\n"
         + "\n".join(escapes)
     )
+
+
+# The machine role of each platform and the tasks file each of its plays runs.
+PLATFORM_PLAYS = {
+    "provision_gce.yml": ("gce", None),
+    "teardown_gce.yml": ("gce", "teardown"),
+    "provision_local.yml": ("local_rig", None),
+    "teardown_local.yml": ("local_rig", "teardown"),
+}
+
+
+def test_platform_plays_only_include_their_machine_role() -> None:
+    """What a platform does lives in its role (argument specs, defaults), not inline in its plays."""
+    for name, (role, tasks_from) in PLATFORM_PLAYS.items():
+        (play,) = yaml.safe_load((ROOT / "playbooks" / name).read_text())
+        (task,) = play["tasks"]
+        include = task["ansible.builtin.include_role"]
+        assert (include["name"], include.get("tasks_from")) == (role, tasks_from), name
+        tasks = ROOT / "roles" / role / "tasks" / f"{tasks_from or 'main'}.yml"
+        spec = yaml.safe_load((ROOT / "roles" / role / "meta" / "argument_specs.yml").read_text())
+        assert tasks.is_file() and (tasks_from or "main") in spec["argument_specs"], name
