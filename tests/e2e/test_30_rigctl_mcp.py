@@ -194,7 +194,7 @@ def test_bad_model_unknown_rig_and_negative_lines_are_clear_tool_errors(mcp_dirs
     (e1, swap), (e2, status), (e3, logs) = with_client(server_params(*mcp_dirs), body)
     assert e1 and swap.endswith(
         "unknown model 'no-such-model': the catalog has bf16, emb4, google-w4a16, "
-        "text, tiny-emb4, tiny-text, tiny-w4a16, tiny-w8a8, w8a8"
+        "text, tiny-emb4, tiny-text, tiny-w4a16, tiny-w8a8, w8a8, xbill9-emb4, xbill9-w8a8"
     ), swap
     assert e2 and status.endswith("unknown rig 'no-such-rig': the inventory has rig-local"), status
     assert e3 and logs.endswith("lines must be between 0 and 10000, got -3"), logs

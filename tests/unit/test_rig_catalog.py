@@ -55,6 +55,24 @@ def test_hub_and_dir_entries() -> None:
     assert resolve("mine", mine)["build_dir"] == "/ckpt/mine"
 
 
+# The reference rig's published builds: pulled on the rig like any hub entry, nothing to repack.
+PUBLISHED = {
+    "xbill9-emb4": "xbill9/gemma-4-E2B-it-qat-q4_0-w4a16-ct-text-emb4",
+    "xbill9-w8a8": "xbill9/gemma-4-E2B-it-qat-w8a8-int8",
+}
+
+
+@pytest.mark.parametrize(("key", "repo"), sorted(PUBLISHED.items()))
+def test_the_published_builds_are_hub_entries(key: str, repo: str) -> None:
+    found = resolve(key)
+    assert found["kind"] == "hub" and found["entry"]["source"] == {"kind": "hub", "repo": repo}
+    assert found["build_dir"] == "" and found["targets"] == []
+    # Text-only builds like their repack twins: no tower flag, the same size on disk.
+    twin = CATALOG[key.removeprefix("xbill9-")]
+    assert found["entry"]["vllm_args"] == twin["vllm_args"] == []
+    assert found["entry"]["size_bytes"] == twin["size_bytes"]
+
+
 def test_targets_come_from_the_converter_not_a_list_of_our_own(tmp_path: Path) -> None:
     """A converter that offers other targets makes the same catalog entry invalid."""
     fake = tmp_path / "converter.py"
