@@ -30,6 +30,7 @@ CONTRACT_KEYS = [
     "RIG_MAX_MODEL_LEN",
     "RIG_MAX_NUM_SEQS",
     "RIG_KV_CACHE_MEMORY_BYTES",  # the local profile's; every flag with a value has its own key
+    "RIG_DISTRIBUTED_EXECUTOR_BACKEND",
     "RIG_EXTRA_ARGS",
 ]
 
@@ -122,6 +123,7 @@ def test_local_renders_contract_keys_mode_and_restarts(tmp_path: Path) -> None:
     assert env["RIG_KV_CACHE_MEMORY_BYTES"] == "268435456"
     assert env["RIG_EXTRA_ARGS"].split() == ["--enforce-eager"]
     assert env["HF_HUB_OFFLINE"] == "1"
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # the profile's environment, under the user's
     assert stat.S_IMODE(rig.env_file.stat().st_mode) == 0o640
     assert rig.marker.exists(), "a new tpu.env must notify 'restart vllm'"
     assert not (tmp_path / "etc" / "tpu.env.prev").exists()
