@@ -141,25 +141,27 @@ class _Reply(Exception):
         self.status, self.code, self.message = status, code, message
 
 
+class HubHandler(BaseHTTPRequestHandler):
+    """What every hub stand-in's handler needs: quiet, a body with its length (none for HEAD), JSON."""
+
+    def log_message(self, *args: object) -> None:  # quiet
+        pass
+
+    def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        for key, value in {"Content-Length": str(len(body)), **(headers or {})}.items():
+            self.send_header(key, value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _json(self, data: object, headers: dict[str, str] | None = None) -> None:
+        self._send(200, json.dumps(data).encode(), {"Content-Type": "application/json", **(headers or {})})
+
+
 def _handler(hub: StandInHub, cdn: bool) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(HubHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as the hub: a cut body is then a protocol error
-
-        def log_message(self, *args: object) -> None:  # quiet
-            pass
-
-        def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> None:
-            self.send_response(status)
-            for key, value in {"Content-Length": str(len(body)), **(headers or {})}.items():
-                self.send_header(key, value)
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
-
-        def _json(self, data: object, headers: dict[str, str] | None = None) -> None:
-            self._send(
-                200, json.dumps(data).encode(), {"Content-Type": "application/json", **(headers or {})}
-            )
 
         def _handle(self) -> None:
             url = urlsplit(self.path)

@@ -11,11 +11,12 @@ is logged with the token it carried, so a test can show the token reached the hu
 from __future__ import annotations
 
 import hashlib
-import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from types import TracebackType
 from urllib.parse import unquote, urlsplit
+
+from tests.stand_in_hub import HubHandler
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 
@@ -28,21 +29,7 @@ class FakeHub:
         self.log: list[dict[str, str]] = []
         hub = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:  # quiet
-                pass
-
-            def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
-                self.send_response(status)
-                for key, value in {"Content-Length": str(len(body)), **(headers or {})}.items():
-                    self.send_header(key, value)
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(body)
-
-            def _json(self, data: object) -> None:
-                self._send(200, json.dumps(data).encode(), {"Content-Type": "application/json"})
-
+        class Handler(HubHandler):
             def _handle(self) -> None:
                 path = unquote(urlsplit(self.path).path)
                 auth = self.headers.get("Authorization", "")
