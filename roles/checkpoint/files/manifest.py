@@ -9,6 +9,10 @@ progress for large files goes to stderr.
   manifest.py make DIR            write DIR/MANIFEST.sha256 when it differs; print version, files
   manifest.py need DIR MANIFEST   files of MANIFEST that DIR lacks or holds with another hash
   manifest.py verify DIR          exit 1 unless every file of DIR/MANIFEST.sha256 matches
+  manifest.py probe MODELS VERSION CURRENT
+                                  one look at the rig before a push: the models directory's owner,
+                                  group and mode, the files the named VERSION directory lacks (null
+                                  when it has no manifest) and where the CURRENT link points
   manifest.py plan DIR FILES      what a push into the staging DIR still has to send: FILES is the
                                   JSON list of {path, size, sha256} that `make` printed; prints the
                                   files to send, those to remove first, the bytes still to send, the
@@ -18,9 +22,11 @@ progress for large files goes to stderr.
 from __future__ import annotations
 
 import argparse
+import grp
 import hashlib
 import json
 import os
+import pwd
 import sys
 import tempfile
 from pathlib import Path
@@ -145,6 +151,35 @@ def plan(root: Path, files: list[dict]) -> dict:
     }
 
 
+def owner_line(path: Path) -> str:
+    """``"<owner> <group> <octal mode>"`` of ``path`` itself (a link is not followed), as ``stat -c '%U %G %a'``."""
+    st = path.lstat()
+    try:
+        user = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        user = str(st.st_uid)
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = str(st.st_gid)
+    return f"{user} {group} {st.st_mode & 0o7777:o}"
+
+
+def probe(models: Path, version_dir: Path, current: Path) -> dict:
+    """What a converged push would otherwise ask in several round trips, asked in one.
+
+    ``models``: owner line of the models directory ("" when it is missing). ``need``: files of the
+    version's manifest it lacks or holds wrong (None when it has no manifest: never pushed or not
+    finished). ``current``: the link's target and owner line ("" when it is no link).
+    """
+    manifest = version_dir / MANIFEST
+    return {
+        "models": owner_line(models) if models.is_dir() else "",
+        "need": need(version_dir, parse(manifest.read_text())) if manifest.is_file() else None,
+        "current": f"{os.readlink(current)} {owner_line(current)}" if current.is_symlink() else "",
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -155,6 +190,12 @@ def main(argv: list[str] | None = None) -> int:
     nd.add_argument("manifest", type=Path)
     ver = sub.add_parser("verify", help="exit 1 unless DIR matches DIR/MANIFEST.sha256")
     ver.add_argument("dir", type=Path)
+    pr = sub.add_parser(
+        "probe", help="the models directory, a version's missing files and the current link, at once"
+    )
+    pr.add_argument("models", type=Path)
+    pr.add_argument("version_dir", type=Path)
+    pr.add_argument("current", type=Path)
     pl = sub.add_parser("plan", help="what a push into DIR still has to send, and the free space")
     pl.add_argument("dir", type=Path)
     pl.add_argument("files", help="JSON list of {path, size, sha256} (the `files` that make prints)")
@@ -186,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
             except (ValueError, TypeError, KeyError) as exc:
                 raise ValueError(f"FILES is not a JSON list of {{path, size, sha256}}: {exc}") from exc
             result = plan(args.dir, files)
+        elif args.command == "probe":
+            result = probe(args.models, args.version_dir, args.current)
         elif args.command == "need":
             text = args.manifest.read_text()
             entries = parse(text)
