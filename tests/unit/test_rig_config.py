@@ -206,6 +206,11 @@ def test_unknown_model_fails_before_writing_and_lists_keys(tmp_path: Path) -> No
             {"seed": ""},
             "RIG_SEED (from flag seed of rig_vllm_flags/rig_vllm_host_flags)",
         ),
+        (
+            "rig_vllm_host_flags",
+            {"seed": "1\n2"},
+            "tpu.env key RIG_SEED (from flag seed of rig_vllm_flags/rig_vllm_host_flags) needs a one-line value",
+        ),
         ("rig_vllm_flags", "not-a-dict", "rig_vllm_flags"),
         ("rig_config_model_path", "", "RIG_MODEL (from rig_config_model_path)"),
         ("rig_vllm_environment", {"RIG_PORT": "1"}, "reserved names: RIG_PORT"),
