@@ -67,13 +67,14 @@ def messages(question: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": question}]
 
 
-def choice(index: int, facts: tuple[Fact, ...] = FACTS) -> Choice:
+def choice(index: int, facts: tuple[Fact, ...] | None = None) -> Choice:
     """The multiple-choice form of ``facts[index]``.
 
     The three distractors are other facts' answers, drawn and ordered by a generator seeded by the
     index alone, so the form never changes between runs or machines; the right answer goes at
     position ``index % 4``, so every letter is right equally often.
     """
+    facts = FACTS if facts is None else facts
     fact = facts[index]
     rng = random.Random(f"tiny-facts:{index}")  # str seeds hash with sha512: stable everywhere
     others = sorted({f.answer for f in facts} - {fact.answer})
@@ -82,12 +83,14 @@ def choice(index: int, facts: tuple[Fact, ...] = FACTS) -> Choice:
     return Choice(fact, (options[0], options[1], options[2], options[3]), LETTERS[index % len(LETTERS)])
 
 
-def choices(facts: tuple[Fact, ...] = FACTS) -> list[Choice]:
-    """Every fact's multiple-choice form, in the facts' order."""
+def choices(facts: tuple[Fact, ...] | None = None) -> list[Choice]:
+    """Every fact's multiple-choice form, in the facts' order (``FACTS`` when None)."""
+    facts = FACTS if facts is None else facts
     return [choice(i, facts) for i in range(len(facts))]
 
 
-def digest(facts: tuple[Fact, ...] = FACTS) -> str:
+def digest(facts: tuple[Fact, ...] | None = None) -> str:
     """sha256 of the facts and their multiple-choice forms: part of the tiny model's cache key."""
+    facts = FACTS if facts is None else facts
     doc = [[f.question, f.answer] for f in facts] + [[c.prompt, c.letter] for c in choices(facts)]
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()
