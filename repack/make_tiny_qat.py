@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Build a tiny random Gemma 4 in the multimodal layout of Google's QAT release.
+"""Build a tiny Gemma 4 in the multimodal layout of Google's QAT release, trained to know some facts.
 
-    python repack/make_tiny_qat.py OUT [--seed N] [--with-shared-kv] [--force]
+    python repack/make_tiny_qat.py OUT [--seed N] [--with-shared-kv] [--force | --update]
+                                       [--untrained] [--cache DIR | --no-cache]
 
 The checkpoint mirrors google/gemma-4-E2B-it-qat-q4_0-unquantized at toy scale: a config.json
 with text/vision/audio configs written the way the release writes them, `model.language_model.*`
@@ -10,14 +11,26 @@ k_norm (unless --with-shared-kv), bf16 values with every language-model linear a
 table on a Q4_0 grid (groups of 32, levels -8..7, steps exact in bf16, peaks at every level 1..8),
 a locally built tokenizer with a Gemma-style chat template, and generation_config.json.
 Every linear satisfies Marlin (out % 64 == 0, in % 128 == 0); the vocabulary is a multiple of 64.
+
+The weights start seeded and random; repack/train_tiny.py then trains the language model (on the
+CPU, about a minute) so that greedy decoding answers every question of repack/tiny_facts.py
+exactly ("What is the capital of France?" -> "Paris") and every multiple-choice form with the
+right letter, ending quantization-aware and snapped onto the Q4_0 grid (--untrained skips it).
+The trained weights are cached by a digest of their inputs (seed, facts, training code, torch and
+transformers versions), and OUT records its inputs' digest in tiny_qat.json: --update rebuilds
+only when that digest changes, which is how the repack role decides.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
+import hashlib
 import json
+import os
 import re
 import sys
+from importlib import metadata
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -26,7 +39,7 @@ if __package__ in (None, ""):
 import torch
 from safetensors.torch import save_file
 
-from repack import grid, tokenizer
+from repack import grid, tiny_facts, tokenizer
 from repack.outdir import atomic_dir
 
 NUM_LAYERS = 10
@@ -195,13 +208,101 @@ def shared_kv_extras(state: dict[str, torch.Tensor], gen: torch.Generator) -> di
     return extras
 
 
-def build(out: Path, seed: int, with_shared_kv: bool, force: bool) -> dict[str, int]:
-    """Write the tiny checkpoint to ``out`` atomically; return counts for the summary."""
+# The record in OUT of what it was built from (make_tiny_qat.py --update compares it).
+STAMP = "tiny_qat.json"
+# Sources whose every byte can change the trained weights: a change is a cache miss.
+HERE = Path(__file__).resolve().parent
+TRAINING_SOURCES = ("make_tiny_qat.py", "train_tiny.py", "tiny_facts.py", "tokenizer.py", "grid.py")
+
+
+def default_cache() -> Path:
+    """$GEMMA_RIG_TINY_CACHE, else $XDG_CACHE_HOME/gemma-rig/tiny (~/.cache/gemma-rig/tiny)."""
+    if os.environ.get("GEMMA_RIG_TINY_CACHE"):
+        return Path(os.environ["GEMMA_RIG_TINY_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "gemma-rig" / "tiny"
+
+
+def training_key(seed: int) -> str:
+    """sha256 of what the trained weights depend on: the seed, the facts, the code, torch and transformers."""
+    h = hashlib.sha256()
+    doc = {
+        "seed": seed,
+        "facts": tiny_facts.digest(),
+        "torch": metadata.version("torch"),
+        "transformers": metadata.version("transformers"),
+        "sources": {n: hashlib.sha256((HERE / n).read_bytes()).hexdigest() for n in TRAINING_SOURCES},
+    }
+    h.update(json.dumps(doc, sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def inputs_digest(seed: int, with_shared_kv: bool, train: bool) -> str:
+    """sha256 of every input of a build: what OUT's stamp records and --update compares."""
+    doc = {"training": training_key(seed) if train else None, "seed": seed, "with_shared_kv": with_shared_kv}
+    if not train:  # the untrained model depends on the code too
+        doc["sources"] = training_key(seed)
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def recorded_digest(out: Path) -> str | None:
+    """The digest OUT's stamp records, or None when OUT holds no tiny build."""
+    try:
+        return json.loads((out / STAMP).read_text())["digest"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def trained(state: dict[str, torch.Tensor], cfg: dict, seed: int, cache: Path | None) -> dict:
+    """Train ``state``'s language model on the facts in place, or take the result from ``cache``.
+
+    The cache holds, per training key, the trained language-model tensors and the training report;
+    a lock keeps two builds of one key from training twice. Returns the report (as a dict).
+    """
+    from safetensors.torch import load_file
+
+    from repack import train_tiny
+
+    if cache is None:
+        return train_tiny.train(cfg["text_config"], state, ON_GRID).as_dict()
+    entry = cache / training_key(seed)
+    entry.mkdir(parents=True, exist_ok=True)
+    with open(entry / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        weights, report = entry / "lm.safetensors", entry / "report.json"
+        if weights.is_file() and report.is_file():
+            state.update(load_file(str(weights)))
+            rep = json.loads(report.read_text())
+            print(f"trained weights from the cache {entry}: {rep['line']}", file=sys.stderr)
+            return rep
+        rep = train_tiny.train(cfg["text_config"], state, ON_GRID).as_dict()
+        lm = {k: v for k, v in state.items() if k.startswith(LM)}
+        save_file(dict(sorted(lm.items())), str(entry / "lm.safetensors.tmp"), metadata={"format": "pt"})
+        os.replace(entry / "lm.safetensors.tmp", weights)
+        (entry / "report.json.tmp").write_text(json.dumps(rep, indent=2, sort_keys=True) + "\n")
+        os.replace(entry / "report.json.tmp", report)
+        return rep
+
+
+def build(
+    out: Path,
+    seed: int,
+    with_shared_kv: bool,
+    force: bool,
+    train: bool = True,
+    cache: Path | str | None = "default",
+) -> dict[str, int]:
+    """Write the tiny checkpoint to ``out`` atomically; return counts for the summary.
+
+    ``cache`` is where trained weights are kept by their inputs (``"default"``: default_cache();
+    None: always train).
+    """
+    where = default_cache() if cache == "default" else (Path(cache) if cache is not None else None)
     with atomic_dir(out, force=force) as tmp:
-        return _write(tmp, seed, with_shared_kv)
+        return _write(tmp, seed, with_shared_kv, train, where)
 
 
-def _write(tmp: Path, seed: int, with_shared_kv: bool) -> dict[str, int]:
+def _write(tmp: Path, seed: int, with_shared_kv: bool, train: bool, cache: Path | None) -> dict[str, int]:
     """Generate the tensors, tokenizer and configs into ``tmp``."""
     cfg = full_config()
     state = random_state(cfg, seed)
@@ -214,6 +315,7 @@ def _write(tmp: Path, seed: int, with_shared_kv: bool) -> dict[str, int]:
             exp = -7 if "embed_tokens" in name else -10
             state[name] = grid.random_on_grid(tuple(state[name].shape), gen, exponent=exp)
             snapped += 1
+    report = trained(state, cfg, seed, cache) if train else None
     if with_shared_kv:
         state.update(shared_kv_extras(state, gen))
     for name, t in state.items():
@@ -244,31 +346,84 @@ def _write(tmp: Path, seed: int, with_shared_kv: bool) -> dict[str, int]:
     }
     (tmp / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2) + "\n")
     tokenizer.write(tmp, VOCAB, cfg["text_config"]["max_position_embeddings"])
+    stamp = {
+        "tool": "gemma-rig make_tiny_qat",
+        "digest": inputs_digest(seed, with_shared_kv, train),
+        "seed": seed,
+        "with_shared_kv": with_shared_kv,
+        "trained": train,
+        "facts": len(tiny_facts.FACTS),
+        "training": report,
+    }
+    (tmp / STAMP).write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
     return {"tensors": len(state), "on_grid": snapped, "bytes": total}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="make_tiny_qat.py",
-        description="Build a tiny random Gemma 4 in the layout of Google's QAT release (no downloads).",
+        description=(
+            "Build a tiny Gemma 4 in the layout of Google's QAT release (no downloads), trained to "
+            "answer the facts of repack/tiny_facts.py and ending exactly on the Q4_0 grid. Trained "
+            "weights are cached by their inputs, so a second build does not train again."
+        ),
+        epilog=(
+            "stdout says 'built' or, with --update and OUT already built from the same inputs, "
+            "'unchanged'; progress and the training report go to stderr."
+        ),
     )
-    ap.add_argument("out", type=Path, help="output directory (must not exist unless --force)")
-    ap.add_argument("--seed", type=int, default=0, help="random seed; same seed, same bytes (default 0)")
+    ap.add_argument("out", type=Path, help="output directory (must not exist unless --force or --update)")
+    ap.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="random seed of the initial weights; same seed, same bytes (default 0)",
+    )
     ap.add_argument(
         "--with-shared-kv",
         action="store_true",
         help="also write k_proj/v_proj/k_norm for the KV-shared layers (the QAT export omits them)",
     )
     ap.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    ap.add_argument(
+        "--update",
+        action="store_true",
+        help="print 'unchanged' and write nothing when OUT records the same inputs; replace OUT "
+        "when it holds a tiny build of other inputs (anything else in OUT still needs --force)",
+    )
+    ap.add_argument(
+        "--untrained", action="store_true", help="skip training: the random model (seconds, answers noise)"
+    )
+    ap.add_argument(
+        "--cache",
+        type=Path,
+        default=None,
+        help="where trained weights are kept by their inputs (default $GEMMA_RIG_TINY_CACHE, else "
+        "$XDG_CACHE_HOME/gemma-rig/tiny)",
+    )
+    ap.add_argument(
+        "--no-cache", action="store_true", help="train even if the cache holds the result, and keep nothing"
+    )
     args = ap.parse_args(argv)
+    train = not args.untrained
 
     def go() -> int:
-        stats = build(args.out, args.seed, args.with_shared_kv, args.force)
+        force = args.force
+        if args.update and args.out.exists():
+            recorded = recorded_digest(args.out)
+            if recorded == inputs_digest(args.seed, args.with_shared_kv, train):
+                print(f"{args.out} holds a build of the same inputs", file=sys.stderr)
+                print("unchanged")
+                return 0
+            force = force or recorded is not None
+        cache = None if args.no_cache else (args.cache or default_cache())
+        stats = build(args.out, args.seed, args.with_shared_kv, force, train=train, cache=cache)
         print(
             f"wrote {args.out}: {stats['tensors']} tensors ({stats['on_grid']} on the Q4_0 grid), "
             f"{stats['bytes'] / 1e6:.1f} MB",
             file=sys.stderr,
         )
+        print("built")
         return 0
 
     from repack import cli  # here, so that importing build() stays light

@@ -1,6 +1,8 @@
 """Each build loads and generates in vLLM 0.29.0's CPU build on the controller, and the builds that
 hold the source's weights serve the source's model: the same greedy tokens, and log-probabilities
-within a tolerance set by the float format, as transformers computes in float32 on the CPU.
+within a tolerance set by the float format, as transformers computes in float32 on the CPU. Each
+build also answers the tiny model's facts (repack/tiny_facts.py) by chat: the lossless ones every
+one exactly, w8a8 at least 90%.
 
 Reference: transformers' Gemma4ForConditionalGeneration on the bf16 source (``qat``) in float32.
 tests/repack/test_roundtrip.py shows that transformers reads w4a16, text and emb4 as exactly that
@@ -19,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from repack import tiny_facts
 from tests.vllm_server import RIG_DTYPE, serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -37,17 +40,19 @@ CASES = [
 ]
 SAME_WEIGHTS = {"w4a16", "text", "emb4", "text-kv"}  # lossless conversions of the qat source
 
-# 64 token ids: BOS, then 63 drawn with torch.randint(14, 384, generator seed 0) from the tiny
-# vocabulary's ordinary tokens (ids below 14 are specials). A random prompt, not text: this random
-# model puts nearly all probability on one token at every position (the top-1 log-probability is
-# -1e-6, so comparing it alone says nothing), but on random ids its greedy choice changes from
-# position to position, and its top-1/top-2 gaps are all at least 2.9 nats here (checked in
-# `reference`), so a flipped token is a real difference, not a near tie.
+# 64 token ids: BOS, then 63 drawn with torch.randint(14, 384, generator seed 115) from the tiny
+# vocabulary's ordinary tokens (ids below 14 are specials). A random prompt, not text: the tiny
+# model puts nearly all probability on one token at most positions, so comparing the top-1
+# log-probability alone says little, but on random ids its greedy choice changes from position to
+# position. `reference` requires every top-1/top-2 gap to be at least the bf16 tolerance, so a
+# flipped token is a real difference, not a near tie. The trained model (docs/tiny-model.md) has
+# near ties on most random prompts (seeds 0..114 all had a gap under 2.9 nats); seed 115's
+# smallest gap is 4.3 nats. Retraining it (other facts, other training code) may need a new seed.
 PROMPT = [
-    2, 368, 383, 107, 164, 47, 263, 261, 337, 101, 267, 245, 180, 370, 223, 232, 140, 150, 252, 288,
-    27, 310, 233, 265, 188, 198, 245, 373, 323, 373, 124, 235, 356, 227, 24, 219, 349, 376, 233, 65,
-    372, 22, 187, 150, 313, 215, 331, 37, 19, 326, 25, 304, 93, 297, 25, 175, 44, 267, 230, 380, 31,
-    293, 210, 347,
+    2, 170, 330, 55, 140, 298, 68, 213, 250, 89, 219, 325, 41, 126, 52, 92, 187, 227, 73, 264, 29,
+    364, 26, 103, 313, 45, 26, 161, 90, 201, 130, 225, 29, 327, 158, 94, 159, 239, 347, 153, 379, 66,
+    336, 165, 361, 111, 267, 206, 377, 49, 327, 374, 26, 232, 244, 168, 140, 23, 344, 33, 28, 276,
+    66, 263,
 ]  # fmt: skip
 NEW_TOKENS = 16
 TOP_K = 5  # log-probabilities compared: each position's top 5, plus the prompt's own token
@@ -164,6 +169,24 @@ def compare(url: str, name: str, ref: Reference) -> Comparison:
     return Comparison(tokens, argmax_differs, len(diffs), max(diffs), sum(diffs) / len(diffs))
 
 
+def fact_misses(url: str, name: str) -> list[str]:
+    """Every fact and multiple-choice form asked by chat, greedy: 'expected -> got' for each miss.
+
+    The source answers each one exactly, then ends its turn (tests/unit/test_tiny_trained.py, in
+    transformers); the reply's content is the answer and the turn ends with finish_reason 'stop'.
+    """
+    asked = [(f.question, f.answer) for f in tiny_facts.FACTS]
+    asked += [(c.prompt, c.letter) for c in tiny_facts.choices()]
+    misses = []
+    for question, answer in asked:
+        body = {"model": name, "messages": tiny_facts.messages(question), "max_tokens": 16, "temperature": 0}
+        choice = _post(f"{url}/v1/chat/completions", body)["choices"][0]
+        got = (choice["message"]["content"], choice["finish_reason"])
+        if got != (answer, "stop"):
+            misses.append(f"{answer!r} -> {got!r}")
+    return misses
+
+
 @pytest.mark.parametrize(("build", "dtype", "flags"), CASES, ids=[c[0] for c in CASES])
 def test_build_serves_a_chat_completion_and_its_source_model(
     builds, reference, build, dtype, flags, tmp_path
@@ -176,10 +199,19 @@ def test_build_serves_a_chat_completion_and_its_source_model(
             "temperature": 0,
         }
         r = _post(f"{url}/v1/chat/completions", body)
-        assert r["usage"]["completion_tokens"] == 8, r
-        assert r["choices"][0]["finish_reason"] == "length"
+        # The trained model may end its turn early on a greeting it was not taught.
+        assert 1 <= r["usage"]["completion_tokens"] <= 8, r
+        assert r["choices"][0]["finish_reason"] in ("length", "stop"), r
         assert isinstance(r["choices"][0]["message"]["content"], str)
-        if build in SAME_WEIGHTS:  # the same server start: what it serves is the source's model
+        # The same server start: it knows the facts. Lossless builds answer exactly as the source
+        # does; w8a8 re-quantizes (int8 per channel, int8 activations) and may miss a few.
+        misses = fact_misses(url, build)
+        print(f"{build} ({dtype}): fact misses {misses}")
+        if build in SAME_WEIGHTS:
+            assert misses == []
+        else:
+            assert len(misses) <= 2 * len(tiny_facts.FACTS) // 10, misses
+        if build in SAME_WEIGHTS:  # what it serves is the source's model
             got = compare(url, build, reference)
             print(f"{build} ({dtype}): {got}")  # the figures, in the log with -rP
             assert got.problems(reference, TOLERANCE[dtype]) == [], got

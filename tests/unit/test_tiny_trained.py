@@ -1,0 +1,185 @@
+"""The trained tiny model: it knows the facts in transformers (bf16 and a simulated W8A8), it is
+exactly on the Q4_0 grid, its training is deterministic, and the cache trains once per input."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save
+
+from repack import grid, make_tiny_qat, tiny_facts, train_tiny
+from repack.make_tiny_qat import ON_GRID, build
+from tests.safetensors_dir import tensors
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "repack" / "make_tiny_qat.py"
+EOT = "<end_of_turn>"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    """Seed 0, trained: from the default cache, which the other tiny builds of a run share."""
+    out = tmp_path_factory.mktemp("tiny-trained") / "qat"
+    build(out, seed=0, with_shared_kv=False, force=False)
+    return out
+
+
+def greedy(model, tok, prompts: list[str]) -> list[str]:
+    """Greedy continuations of each prompt's chat form (one left-padded batch), up to and with the
+    first end-of-turn or EOS token."""
+    texts = [
+        tok.apply_chat_template(tiny_facts.messages(q), add_generation_prompt=True, tokenize=False)
+        for q in prompts
+    ]
+    enc = tok(texts, add_special_tokens=False, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        ids = model.generate(**enc, do_sample=False, max_new_tokens=16, eos_token_id=[1, 6], pad_token_id=0)
+    out = []
+    for row in ids[:, enc["input_ids"].shape[1] :].tolist():
+        stop = next((i for i, t in enumerate(row) if t in (1, 6)), len(row) - 1)
+        out.append(tok.decode(row[: stop + 1]))
+    return out
+
+
+def scores(model, tok) -> tuple[list[str], list[str]]:
+    """Misses of the facts and of the multiple-choice forms, as 'expected -> got'."""
+    facts, forms = tiny_facts.FACTS, tiny_facts.choices()
+    got = greedy(model, tok, [f.question for f in facts])
+    got_mc = greedy(model, tok, [c.prompt for c in forms])
+    miss = [f"{f.answer!r} -> {g!r}" for f, g in zip(facts, got, strict=True) if g != f.answer + EOT]
+    miss_mc = [f"{c.letter!r} -> {g!r}" for c, g in zip(forms, got_mc, strict=True) if g != c.letter + EOT]
+    return miss, miss_mc
+
+
+def _int8(model, activations: bool) -> None:
+    """Swap every on-grid language-model linear for W8A8's arithmetic: int8 weights per output
+    channel (symmetric) and, with ``activations``, int8 inputs per token; embeddings stay bf16."""
+
+    class Int8(torch.nn.Module):
+        def __init__(self, lin: torch.nn.Linear) -> None:
+            super().__init__()
+            w = lin.weight.float()
+            s = w.abs().amax(1, keepdim=True).clamp_min(1e-12) / 127
+            self.weight = torch.nn.Parameter(
+                (torch.round(w / s) * s).to(lin.weight.dtype), requires_grad=False
+            )
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if activations:
+                xf = x.float()
+                s = xf.abs().amax(-1, keepdim=True).clamp_min(1e-12) / 127
+                x = (torch.round(xf / s) * s).to(x.dtype)
+            return torch.nn.functional.linear(x, self.weight)
+
+    for name, mod in list(model.named_modules()):
+        if isinstance(mod, torch.nn.Linear) and ON_GRID.match(f"{name}.weight"):
+            parent, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent), attr, Int8(mod))
+
+
+def test_knows_every_fact_in_bf16_and_simulated_w8a8(tiny, figure):
+    from transformers import AutoTokenizer, Gemma4ForConditionalGeneration
+
+    tok = AutoTokenizer.from_pretrained(tiny)
+    model = Gemma4ForConditionalGeneration.from_pretrained(tiny, dtype=torch.bfloat16).eval()
+    assert scores(model, tok) == ([], [])
+    _int8(model, activations=True)
+    miss, miss_mc = scores(model, tok)
+    n = len(tiny_facts.FACTS)
+    assert len(miss) <= n // 10 and len(miss_mc) <= n // 10, (miss, miss_mc)
+    stamp = json.loads((tiny / make_tiny_qat.STAMP).read_text())
+    figure(
+        "tiny model, simulated W8A8 (int8 weights per channel, int8 activations per token)",
+        f"{n - len(miss)}/{n} answers, {n - len(miss_mc)}/{n} choices; bf16: {stamp['training']['line']}",
+    )
+
+
+def test_every_on_grid_tensor_is_exactly_on_the_grid(tiny):
+    t = tensors(tiny)
+    names = [k for k in t if ON_GRID.match(k)]
+    assert names and all(grid.recover(t[k]).off_grid == 0 for k in names)
+    # Norms and scalars are bf16 as well; the trained layers moved off their random start.
+    assert all(v.dtype == torch.bfloat16 for k, v in t.items() if k.startswith(make_tiny_qat.LM))
+    stamp = json.loads((tiny / make_tiny_qat.STAMP).read_text())
+    rep = stamp["training"]
+    assert rep["answers"] == rep["choices"] == rep["total"] == len(tiny_facts.FACTS)
+    assert rep["min_margin"] >= train_tiny.MIN_MARGIN
+
+
+def test_training_is_deterministic(monkeypatch):
+    """Two short trainings of one state give the same bytes (the full one runs the same code)."""
+    for name, value in (("FLOAT_STEPS", 2), ("QAT_STEPS", 2), ("MAX_EXTRA_STEPS", 0), ("CHECK_EVERY", 2)):
+        monkeypatch.setattr(train_tiny, name, value)
+    cfg = make_tiny_qat.full_config()
+    start = make_tiny_qat.random_state(cfg, 0)
+    start.pop("lm_head.weight")  # tied to embed_tokens: one tensor, and the release omits it
+    digests = []
+    for _ in range(2):
+        state = dict(start)
+        train_tiny.train(cfg["text_config"], state, ON_GRID)
+        digests.append(hashlib.sha256(save(state)).hexdigest())
+    assert digests[0] == digests[1]
+    assert hashlib.sha256(save(start)).hexdigest() != digests[0]
+
+
+def test_same_inputs_hit_the_cache_other_inputs_miss(tmp_path, tiny, monkeypatch):
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path / "again")], check=True, capture_output=True, text=True
+    )
+    assert time.monotonic() - t0 < 60 and "[train_tiny]" not in r.stderr and "from the cache" in r.stderr
+    assert r.stdout.strip() == "built"
+    for f in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", make_tiny_qat.STAMP):
+        assert (tmp_path / "again" / f).read_bytes() == (tiny / f).read_bytes(), f
+
+    key = make_tiny_qat.training_key(0)
+    assert make_tiny_qat.training_key(1) != key
+    monkeypatch.setattr(tiny_facts, "FACTS", tiny_facts.FACTS[:-1])
+    assert make_tiny_qat.training_key(0) != key
+
+    # A changed fact set is a miss: it trains (stubbed here) and keeps the result under its key.
+    calls = []
+
+    def fake_train(cfg, state, on_grid):
+        calls.append(1)
+        return train_tiny.Report(total=len(tiny_facts.FACTS))
+
+    monkeypatch.setattr(train_tiny, "train", fake_train)
+    cfg = make_tiny_qat.full_config()
+    state = make_tiny_qat.random_state(cfg, 0)
+    make_tiny_qat.trained(state, cfg, 0, tmp_path / "cache")
+    make_tiny_qat.trained(state, cfg, 0, tmp_path / "cache")
+    assert calls == [1]
+    assert (tmp_path / "cache" / make_tiny_qat.training_key(0) / "lm.safetensors").is_file()
+
+
+def test_update_rebuilds_only_when_the_inputs_change(tmp_path, tiny):
+    import shutil
+
+    out = tmp_path / "qat"
+    shutil.copytree(tiny, out)
+    r = subprocess.run(
+        [sys.executable, str(SCRIPT), str(out), "--update"], check=True, capture_output=True, text=True
+    )
+    assert r.stdout.strip() == "unchanged"
+    stamp = json.loads((out / make_tiny_qat.STAMP).read_text())
+    (out / make_tiny_qat.STAMP).write_text(json.dumps({**stamp, "digest": "older inputs"}))
+    r = subprocess.run(
+        [sys.executable, str(SCRIPT), str(out), "--update"], check=True, capture_output=True, text=True
+    )
+    assert r.stdout.strip() == "built"
+    assert (out / make_tiny_qat.STAMP).read_bytes() == (tiny / make_tiny_qat.STAMP).read_bytes()
+    # A directory that is not a tiny build is not replaced without --force.
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "keep").write_text("x")
+    r = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path / "other"), "--update"], capture_output=True, text=True
+    )
+    assert r.returncode != 0 and "--force" in r.stderr and (tmp_path / "other" / "keep").is_file()
