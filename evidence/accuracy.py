@@ -61,8 +61,11 @@ def load_records(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError as exc:
             raise AccuracyError(f"{path}:{n}: not JSON: {exc}") from exc
         q, choices, label = rec.get("question"), rec.get("choices"), rec.get("label")
+        prompt = rec.get("prompt")
         if not isinstance(q, str) or not q:
             raise AccuracyError(f"{path}:{n}: 'question' must be a non-empty string")
+        if prompt is not None and (not isinstance(prompt, str) or not prompt):
+            raise AccuracyError(f"{path}:{n}: 'prompt', when given, must be a non-empty string")
         if (
             not isinstance(choices, list)
             or len(choices) < 2
@@ -74,6 +77,8 @@ def load_records(path: Path) -> list[dict[str, Any]]:
                 f"{path}:{n}: 'label' must be an index into 'choices' (0..{len(choices) - 1})"
             )
         records.append({"question": q, "choices": choices, "label": label})
+        if prompt is not None:
+            records[-1]["prompt"] = prompt
     if not records:
         raise AccuracyError(f"{path}: no records")
     return records
@@ -127,9 +132,17 @@ def continuation_logprob(choice: dict[str, Any], continuation_len: int) -> float
 
 
 def score_record(url: str, model: str, record: dict[str, Any], timeout: float = 300.0) -> list[float]:
-    """Log-probability of each choice as the continuation of the record's prompt."""
-    prompt = PROMPT.format(question=record["question"])
-    conts = [f" {c}" for c in record["choices"]]
+    """Log-probability of each choice as the continuation of the record's prompt.
+
+    A record's own ``prompt`` (a model's chat template already applied, say) is sent verbatim and
+    each choice follows it as written; otherwise the prompt is ``PROMPT`` and a space precedes
+    each choice.
+    """
+    if "prompt" in record:
+        prompt, conts = record["prompt"], list(record["choices"])
+    else:
+        prompt = PROMPT.format(question=record["question"])
+        conts = [f" {c}" for c in record["choices"]]
     texts = [prompt + c for c in conts]
     payload = {
         "model": model,

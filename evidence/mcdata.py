@@ -1,9 +1,11 @@
-"""Write evidence/data/mc-small.jsonl: a small, deterministic multiple-choice set the project owns.
+"""Write evidence/data/mc-small.jsonl and tiny-facts-mc.jsonl: multiple-choice sets the project owns.
 
 Simple arithmetic, capitals, opposites and ordering questions, four choices each, the label's
 position shuffled with a fixed seed. It exists to exercise the paired comparison end to end (the
 tiny test models answer near chance); a real accuracy claim needs a real suite passed to
-``--data``. ``python -m evidence.mcdata`` rewrites the file; a test checks it is current.
+``--data``. tiny-facts-mc.jsonl asks the tiny model's own facts (repack/tiny_facts.py), which
+the trained tiny model answers, in its chat template. ``python -m evidence.mcdata`` rewrites both
+files; a test checks they are current.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from pathlib import Path
 from evidence import EVIDENCE_DIR
 
 DEFAULT_OUT = EVIDENCE_DIR / "data" / "mc-small.jsonl"
+# The tiny model's facts (repack/tiny_facts.py) as lettered multiple choice in its chat template.
+TINY_FACTS_OUT = EVIDENCE_DIR / "data" / "tiny-facts-mc.jsonl"
 
 CAPITALS = [
     ("France", "Paris"), ("Italy", "Rome"), ("Germany", "Berlin"), ("Spain", "Madrid"), ("Japan", "Tokyo"),
@@ -59,14 +63,51 @@ def generate(seed: int = 7) -> list[dict]:
     return records
 
 
+def generate_tiny_facts() -> list[dict]:
+    """The tiny model's fact set as lettered multiple choice, in the form it was trained on.
+
+    Each record's ``prompt`` is the question and its four options through the tiny model's own
+    chat template (repack/tokenizer.py), up to the model's turn; the choices are the letters, so
+    the accuracy tool scores the letter the model would write. ``question`` names the fact.
+    """
+    import jinja2
+
+    from repack import tiny_facts, tokenizer
+
+    template = jinja2.Environment(autoescape=False).from_string(tokenizer.CHAT_TEMPLATE)
+    return [
+        {
+            "question": c.fact.question,
+            "prompt": template.render(
+                messages=tiny_facts.messages(c.prompt), bos_token="<bos>", add_generation_prompt=True
+            ),
+            "choices": list(tiny_facts.LETTERS),
+            "label": tiny_facts.LETTERS.index(c.letter),
+        }
+        for c in tiny_facts.choices()
+    ]
+
+
+# Every data file this module writes: its default path and its records.
+DATA_FILES = {DEFAULT_OUT: generate, TINY_FACTS_OUT: generate_tiny_facts}
+
+
 def main(argv: list[str] | None = None) -> int:
-    """CLI: write the JSONL."""
+    """CLI: write the JSONL files (or one, with --out and --set)."""
     ap = argparse.ArgumentParser(prog="python -m evidence.mcdata", description=__doc__)
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--set", choices=["mc-small", "tiny-facts"], help="write only this set (default: both)")
+    ap.add_argument("--out", type=Path, help="where to write --set (default: evidence/data/<set>-mc.jsonl)")
     args = ap.parse_args(argv)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("".join(json.dumps(r) + "\n" for r in generate()))
-    print(args.out)
+    if args.out and not args.set:
+        ap.error("--out needs --set")
+    wanted = dict(DATA_FILES)
+    if args.set:
+        default = DEFAULT_OUT if args.set == "mc-small" else TINY_FACTS_OUT
+        wanted = {args.out or default: wanted[default]}
+    for out, make in wanted.items():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("".join(json.dumps(r) + "\n" for r in make()))
+        print(out)
     return 0
 
 

@@ -29,6 +29,49 @@ def chat(
         return json.load(response)
 
 
+def ask_facts(port: int, model: str) -> dict[str, str]:
+    """Ask a rig every fact of the tiny model's set (repack/tiny_facts.py) with greedy decoding,
+    all at once (vLLM batches them); return {question: answer as served}."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from repack.tiny_facts import FACTS
+
+    def ask(question: str) -> str:
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": question}],
+            "max_tokens": 16,
+            "temperature": 0.0,
+        }
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=300) as response:
+            return json.load(response)["choices"][0]["message"]["content"]
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        answers = list(pool.map(ask, [f.question for f in FACTS]))
+    return {f.question: a for f, a in zip(FACTS, answers, strict=True)}
+
+
+def fact_misses(port: int, model: str) -> list[str]:
+    """The facts a rig's model gets wrong, each as 'question: served answer != right answer'.
+
+    The bf16 source answers every fact exactly (tests/unit/test_tiny_trained.py), so a lossless
+    build must too: the same tokens, hence the same text.
+    """
+    from repack.tiny_facts import FACTS
+
+    answers = ask_facts(port, model)
+    return [
+        f"{f.question} {answers[f.question]!r} != {f.answer!r}"
+        for f in FACTS
+        if answers[f.question] != f.answer
+    ]
+
+
 def served_models(port: int) -> list[str]:
     """The model ids /v1/models lists."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10) as response:

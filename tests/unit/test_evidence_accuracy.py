@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from evidence import accuracy
-from evidence.mcdata import DEFAULT_OUT, generate
+from evidence.mcdata import DATA_FILES, DEFAULT_OUT, TINY_FACTS_OUT, generate
+from repack import tiny_facts
 
 FIX = Path(__file__).parent / "evidence_fixtures"
 
@@ -126,3 +127,48 @@ def test_committed_data_is_current_and_valid() -> None:
     # Labels spread over positions, so "always pick A" cannot score well.
     positions = {r["label"] for r in recs}
     assert positions == {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize("path", sorted(DATA_FILES), ids=lambda p: p.name)
+def test_every_committed_data_file_is_what_mcdata_writes(path: Path) -> None:
+    assert path.read_text() == "".join(json.dumps(r) + "\n" for r in DATA_FILES[path]())
+
+
+def test_tiny_facts_records_ask_each_fact_by_letter_in_the_chat_template() -> None:
+    recs = accuracy.load_records(TINY_FACTS_OUT)
+    assert len(recs) == len(tiny_facts.FACTS) >= 30
+    for rec, form in zip(recs, tiny_facts.choices(), strict=True):
+        assert rec["prompt"].startswith("<bos><start_of_turn>user\n" + form.fact.question + "\nA. ")
+        assert rec["prompt"].endswith("<end_of_turn>\n<start_of_turn>model\n")
+        assert rec["choices"] == ["A", "B", "C", "D"]
+        assert form.options[rec["label"]] == form.fact.answer
+    assert {r["label"] for r in recs} == {0, 1, 2, 3}
+
+
+def test_a_records_own_prompt_is_sent_verbatim_and_its_choices_unspaced(monkeypatch) -> None:
+    sent = {}
+
+    def fake_post(url: str, path: str, payload: dict, timeout: float) -> dict:
+        sent.update(payload)
+        # Echo: all up to the last line break as one token, the rest as the next, then a generated one.
+        choices = []
+        for i, text in enumerate(payload["prompt"]):
+            cut = text.rindex("\n") + 1
+            choices.append(
+                {
+                    "index": i,
+                    "logprobs": {
+                        "text_offset": [0, cut, len(text)],
+                        "token_logprobs": [None, -float(i), -9.0],
+                    },
+                }
+            )
+        return {"choices": choices}
+
+    monkeypatch.setattr(accuracy, "_post", fake_post)
+    rec = {"question": "q", "prompt": "<bos>P\n", "choices": ["A", "B"], "label": 0}
+    assert accuracy.score_record("http://x", "m", rec) == [0.0, -1.0]
+    assert sent["prompt"] == ["<bos>P\nA", "<bos>P\nB"]
+    plain = {"question": "q", "choices": ["A", "B"], "label": 0}
+    accuracy.score_record("http://x", "m", plain)
+    assert sent["prompt"] == ["Question: q\nAnswer: A", "Question: q\nAnswer: B"]
