@@ -253,6 +253,24 @@ def recorded_digest(out: Path) -> str | None:
         return None
 
 
+def older_tiny_build(out: Path) -> bool:
+    """True when OUT holds a tiny build made before builds were stamped: its config is this
+    script's text model (vocabulary, widths, layers), so replacing it loses nothing of the user's."""
+    try:
+        text = json.loads((out / "config.json").read_text())["text_config"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    want = text_config()
+    keys = (
+        "vocab_size",
+        "hidden_size",
+        "hidden_size_per_layer_input",
+        "num_hidden_layers",
+        "num_kv_shared_layers",
+    )
+    return isinstance(text, dict) and all(text.get(k) == want[k] for k in keys)
+
+
 def trained(state: dict[str, torch.Tensor], cfg: dict, seed: int, cache: Path | None) -> dict:
     """Train ``state``'s language model on the facts in place, or take the result from ``cache``.
 
@@ -415,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{args.out} holds a build of the same inputs", file=sys.stderr)
                 print("unchanged")
                 return 0
-            force = force or recorded is not None
+            force = force or recorded is not None or older_tiny_build(args.out)
         cache = None if args.no_cache else (args.cache or default_cache())
         stats = build(args.out, args.seed, args.with_shared_kv, force, train=train, cache=cache)
         print(

@@ -338,14 +338,18 @@ class Source:
         self._fds.clear()
 
     def fingerprint(self) -> str:
-        """A cheap identity of the source: config.json and every shard's name, size and header."""
+        """A cheap identity of the source: config.json and every shard's name, size, header and
+        modification time. Retrained weights keep every name, size and header (the tiny model
+        does, trained again), so the time is what tells a rewritten shard from the one built from;
+        a copy that resets it only costs a rebuild."""
         import hashlib
 
         h = hashlib.sha256((self.path / "config.json").read_bytes())
         for shard in self.shards:
             header, _ = self.headers[shard]
             h.update(shard.name.encode())
-            h.update(str(shard.stat().st_size).encode())
+            st = shard.stat()
+            h.update(f"{st.st_size} {st.st_mtime_ns}".encode())
             h.update(json.dumps(header, sort_keys=True).encode())
         return h.hexdigest()
 

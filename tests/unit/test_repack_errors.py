@@ -165,6 +165,28 @@ def test_if_stale_rebuilds_over_a_stamp_that_is_not_an_object(qat, tmp_path, cap
     assert "is up to date" in capsys.readouterr().out
 
 
+def test_a_rewritten_source_with_the_same_shapes_is_stale(qat, tmp_path, capsys):
+    """Weights trained again keep every name, size and header: the output must still be rebuilt."""
+    import os
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(qat, src)
+    out = tmp_path / "out"
+    argv = ["build", str(src), str(out), "--target", "w8a8", "--status"]
+    assert repack_q4_0.main(["build", str(src), str(out), "--target", "w8a8", "-q"]) == 0
+    capsys.readouterr()
+    assert repack_q4_0.main(argv) == 0
+    assert capsys.readouterr().out.strip() == "current"
+    shard = sorted(src.glob("*.safetensors"))[0]
+    data = bytearray(shard.read_bytes())
+    data[-2:] = bytes(2)  # new values for the last weight: same shard size, same header
+    shard.write_bytes(bytes(data))
+    os.utime(shard, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns + 1))
+    assert repack_q4_0.main(argv) == 0
+    assert capsys.readouterr().out.strip() == "stale"
+
+
 def test_an_unexpected_error_is_one_line_and_exit_1(capsys):
     from repack import cli
 

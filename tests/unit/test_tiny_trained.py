@@ -176,6 +176,13 @@ def test_update_rebuilds_only_when_the_inputs_change(tmp_path, tiny):
     )
     assert r.stdout.strip() == "built"
     assert (out / make_tiny_qat.STAMP).read_bytes() == (tiny / make_tiny_qat.STAMP).read_bytes()
+    # A tiny build from before builds were stamped (a developer's build/ directory) is replaced too.
+    (out / make_tiny_qat.STAMP).unlink()
+    r = subprocess.run(
+        [sys.executable, str(SCRIPT), str(out), "--update"], check=True, capture_output=True, text=True
+    )
+    assert r.stdout.strip() == "built"
+    assert (out / make_tiny_qat.STAMP).read_bytes() == (tiny / make_tiny_qat.STAMP).read_bytes()
     # A directory that is not a tiny build is not replaced without --force.
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "keep").write_text("x")
