@@ -73,11 +73,12 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in RIG_TEST_PORTS={span}")
 
 
-def tiny_build(root: Path, seed: int, target: str = "text") -> Path:
-    """The rig's tiny model (repack/make_tiny_qat.py, ``seed``) converted to ``target``; returns its dir."""
+def tiny_build(root: Path, seed: int, target: str = "text", train: bool = True) -> Path:
+    """The rig's tiny model (repack/make_tiny_qat.py, ``seed``; untrained with ``train=False``)
+    converted to ``target``; returns its dir."""
     qat = root / f"qat-{seed}"
     out = root / f"{target}-{seed}"
-    build_qat(qat, seed=seed, with_shared_kv=False, force=False)
+    build_qat(qat, seed=seed, with_shared_kv=False, force=False, train=train)
     run_steps(qat, out, STEPS[target], quiet=True)
     return out
 
