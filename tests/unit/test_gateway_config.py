@@ -82,7 +82,7 @@ class Gateway:
 
     def ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
         cmd = [str(VENV_BIN / "python"), str(CTL), "--socket", str(self.socket)]
-        cmd += ["--listing-map", str(self.etc / "gemma-gateway" / "listing.map"), *args]
+        cmd += list(args)
         return subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=60)
 
     def status(self) -> dict[str, dict]:
