@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 import yaml
 
@@ -282,3 +283,20 @@ def test_a_failing_rig_is_taken_out(gateway: Gateway) -> None:
     while not gateway.status()["fake-b"]["state"].startswith("UP"):
         assert time.monotonic() < deadline, gateway.status()
         time.sleep(0.1)
+
+
+def test_the_openai_sdk_streams_through_the_gateway(gateway: Gateway) -> None:
+    """The client the e2e load uses: a stream with no model, answered by either rig."""
+    http = httpx.Client(verify=ssl.create_default_context(cafile=str(gateway.cert)), timeout=30)
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=KEY, max_retries=0, http_client=http)
+    raw = client.chat.completions.with_raw_response.create(
+        model="", messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True
+    )
+    chunks = list(raw.parse())
+    assert raw.headers["x-gemma-rig"] in gateway.rigs
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert {c.model for c in chunks} == {gateway.rigs[raw.headers["x-gemma-rig"]].model}
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(
+            base_url=f"{gateway.url}/v1", api_key="sk-wrong", max_retries=0, http_client=http
+        ).models.list()
