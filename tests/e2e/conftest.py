@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from tests.ansible_run import PlaybookRun, run_playbook
-from tests.e2e.rig import assert_closed, assert_serving, podman, rig_containers
+from tests.e2e.rig import assert_closed, assert_serving, podman, rig_containers, served_models
 
 CONTAINER = "gemma-rig"
 PORT = 8000
@@ -23,7 +24,15 @@ MODEL = "tiny-emb4"
 # The start states a file can declare in `RIG_START` (CONTRIBUTING.md, "Skips and the e2e order").
 NONE = "none"  # no expectation: the file stands the rig up (test_00) or removes it (test_99)
 DEFAULT = "default"  # as site.yml leaves it: active, serving tiny-emb4 (checked at the source), closed
-START_STATES = (NONE, DEFAULT)
+# As test_20 hands the two-rig fleet to test_25: rig-local active and closed, serving tiny-emb4 or,
+# after test_20's rolling swap, tiny-w8a8 (checked at the source); rig-b, when up, serving the same.
+FLEET = "fleet"
+FLEET_MODELS = (MODEL, "tiny-w8a8")
+START_STATES = (NONE, DEFAULT, FLEET)
+
+# The second local rig (rig-b, container gemma-rig-b on 8001), layered on the default inventory so
+# inventory/group_vars applies to it too.
+FLEET_INVENTORY = ("-i", "inventory/local.yml", "-i", str(Path(__file__).with_name("fleet.yml")))
 
 
 @dataclass
@@ -53,6 +62,23 @@ def local_rig() -> LocalRig:
     return LocalRig(CONTAINER, PORT, MODEL, run)
 
 
+@pytest.fixture(scope="session")
+def fleet(local_rig: LocalRig):
+    """rig-b beside rig-local, stood up by site.yml (rig-local is left alone): shared by test_20 and
+    test_25, which hands it back. Removed at the end of the session if a file left it up."""
+    run = run_playbook("site.yml", *FLEET_INVENTORY)
+    assert run.rc == 0, run.output[-6000:]
+    yield run
+    if "gemma-rig-b" in rig_containers():
+        down = run_playbook("teardown.yml", "-l", "rig-b", *FLEET_INVENTORY)
+        assert down.rc == 0, down.output[-4000:]
+
+
+def hands_over_the_fleet(request: pytest.FixtureRequest) -> bool:
+    """Whether test_25 runs later in this session: then test_20 leaves the fleet up for it."""
+    return any(item.module.__name__.endswith("test_25_gateway") for item in request.session.items)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def rig_start(request: pytest.FixtureRequest) -> None:
     """Check, before a file's first test, the rig state the file declares in RIG_START."""
@@ -61,5 +87,14 @@ def rig_start(request: pytest.FixtureRequest) -> None:
     if start == NONE:
         return
     rig: LocalRig = request.getfixturevalue("local_rig")
-    assert_serving(rig.container, rig.port, rig.model)
+    if start == FLEET:
+        served = served_models(rig.port)
+        assert served and served[0] in FLEET_MODELS, (
+            f"rig-local serves {served}, expected one of {FLEET_MODELS}"
+        )
+        assert_serving(rig.container, rig.port, served[0])
+        if "gemma-rig-b" in rig_containers():
+            assert_serving("gemma-rig-b", 8001, served[0])
+    else:
+        assert_serving(rig.container, rig.port, rig.model)
     assert_closed(rig.container)

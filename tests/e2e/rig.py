@@ -91,9 +91,10 @@ def unit_started_at(container: str) -> str:
     return result.stdout.strip()
 
 
-# The containers the e2e inventories name (inventory/local.yml and tests/e2e/fleet.yml). Other
-# rigs on the same host (a developer's own, under another name) are neither removed nor counted.
-E2E_CONTAINERS = ("gemma-rig", "gemma-rig-b")
+# The containers the e2e inventories name (inventory/local.yml, tests/e2e/fleet.yml and the
+# gateway's inventory/gateway-local.yml). Other rigs on the same host (a developer's own, under
+# another name) are neither removed nor counted.
+E2E_CONTAINERS = ("gemma-rig", "gemma-rig-b", "gemma-gateway")
 
 
 def rig_containers() -> list[str]:

@@ -1,0 +1,305 @@
+"""The gateway in front of the two-rig fleet: a rolling swap through it that no client notices,
+and a rig whose vLLM dies is taken out within the health-check interval.
+
+A steady stream of streamed chats goes through the gateway (TLS, an API key) with the official
+`openai` SDK, without its retries: every failure counts. The requests name no model (the gateway
+sends them to any rig up, which answers with its own), so each answer's `model` and the
+X-Gemma-Rig header say which rig answered with which model. test_20 hands the fleet over after
+its rolling swap (both rigs on tiny-w8a8), so this file's rolling swap is the one that brings
+rig-local back to tiny-emb4; run alone it swaps to tiny-w8a8 and back.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+
+import httpx
+import openai
+import pytest
+
+from tests.ansible_run import run_playbook
+from tests.conftest import ROOT
+from tests.e2e.conftest import FLEET_INVENTORY
+from tests.e2e.rig import assert_serving, podman, rig_containers, served_models, unit_started_at
+from tests.e2e.test_10_swap import broken_catalog  # noqa: F401  (fixture)
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+RIG_START = "fleet"  # rig-local (and rig-b) on tiny-emb4, or on tiny-w8a8 as test_20 hands them over
+
+GATEWAY = ("-i", str(ROOT / "inventory" / "gateway-local.yml"))
+INVENTORY = (*FLEET_INVENTORY, *GATEWAY)
+RIGS = {"rig-local": ("gemma-rig", 8000), "rig-b": ("gemma-rig-b", 8001)}
+KEY = "sk-gw-e2e-0123456789abcdef"  # a test-only key
+URL = "https://127.0.0.1:8443"  # gateway_port, gateway-local's gateway_address
+CERT = ROOT / "build" / "gateway" / "gateway-local.crt"  # gateway_controller_dir
+RATE = 2.0  # requests started per second
+
+
+@dataclass
+class Answer:
+    start: float  # time.time(): comparable with the rigs' and the gateway's journals
+    end: float = 0.0
+    first: float = 0.0  # time to the first content
+    rig: str = ""
+    model: str = ""
+    completed: bool = False
+    error: str = ""
+
+
+@dataclass
+class Load:
+    """Streamed chats through the gateway at a steady rate, each in its own thread."""
+
+    max_tokens: int = 8
+    answers: list[Answer] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        http = httpx.Client(verify=ssl.create_default_context(cafile=str(CERT)), timeout=120)
+        self.client = openai.OpenAI(base_url=f"{URL}/v1", api_key=KEY, max_retries=0, http_client=http)
+        self._pacer = threading.Thread(target=self._run, daemon=True)
+
+    def _one(self, answer: Answer) -> None:
+        try:
+            raw = self.client.chat.completions.with_raw_response.create(
+                model="",  # any rig: the gateway's default backend, vLLM's served model
+                messages=[{"role": "user", "content": "Say hello."}],
+                max_tokens=self.max_tokens,
+                stream=True,
+            )
+            answer.rig = raw.headers.get("x-gemma-rig", "")
+            for chunk in raw.parse():
+                answer.model = chunk.model
+                if not answer.first and chunk.choices and chunk.choices[0].delta.content:
+                    answer.first = time.time() - answer.start
+                if chunk.choices and chunk.choices[0].finish_reason:
+                    answer.completed = True
+        except Exception as exc:  # every failure is counted, whatever its kind
+            answer.error = f"{type(exc).__name__}: {exc}"
+        answer.end = time.time()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            answer = Answer(time.time())
+            self.answers.append(answer)
+            thread = threading.Thread(target=self._one, args=(answer,), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+            self._stop.wait(1 / RATE)
+
+    def __enter__(self) -> Load:
+        self._pacer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._pacer.join()
+        for thread in self._threads:
+            thread.join(timeout=180)
+
+    def failed(self) -> list[Answer]:
+        return [a for a in self.answers if a.error or not a.completed]
+
+
+def latency_figure(answers: list[Answer]) -> str:
+    total = sorted(a.end - a.start for a in answers)
+    first = sorted(a.first for a in answers if a.first)
+    p95 = total[int(0.95 * (len(total) - 1))]
+    return (
+        f"{len(answers)} streamed chats, median {statistics.median(total) * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms, "
+        f"max {total[-1] * 1000:.0f} ms; first token median {statistics.median(first) * 1000:.0f} ms"
+    )
+
+
+def gateway_status() -> dict[str, dict]:
+    result = podman("exec", "gemma-gateway", "/usr/local/libexec/gemma-rig/gateway-ctl", "status")
+    assert result.returncode == 0, result.stderr
+    return {row["rig"]: row for row in json.loads(result.stdout)}
+
+
+@pytest.fixture(scope="module")
+def gateway(fleet, local_rig, tmp_path_factory: pytest.TempPathFactory):
+    """The gateway in front of rig-local and rig-b; both are left the way the next files expect."""
+    keys = tmp_path_factory.mktemp("gateway") / "keys.json"
+    keys.touch(mode=0o600)
+    keys.write_text(json.dumps({"gateway_api_keys": {"e2e": KEY}}))
+    run = run_playbook("gateway.yml", *INVENTORY, "-e", f"@{keys}")
+    assert run.rc == 0, run.output[-6000:]
+    yield keys, run
+    down = run_playbook("teardown.yml", "-l", "rig-b,gateway-local", *INVENTORY)
+    assert down.rc == 0, down.output[-4000:]
+    assert not {"gemma-rig-b", "gemma-gateway"} & set(rig_containers())
+    if served_models(local_rig.port) != [local_rig.model]:  # run alone: this file's swap went away from it
+        back = run_playbook("swap.yml", "-e", f"model={local_rig.model}")
+        assert back.rc == 0, back.output[-4000:]
+    assert_serving(local_rig.container, local_rig.port, local_rig.model)
+
+
+def test_rolling_swap_through_the_gateway_no_client_notices(gateway, local_rig, figure) -> None:
+    keys, up = gateway
+    figure("gateway.yml (container, haproxy, TLS, config)", f"{up.seconds:.0f} s")
+    old = served_models(local_rig.port)[0]
+    new = local_rig.model if old != local_rig.model else "tiny-w8a8"
+    with Load() as load:
+        time.sleep(3)
+        run = run_playbook("swap.yml", "-e", f"model={new}", "-e", f"@{keys}", *INVENTORY)
+        time.sleep(3)
+    assert run.rc == 0, run.output[-6000:]
+    figure(f"rolling swap {old} -> {new} of two rigs through the gateway", f"playbook {run.seconds:.0f} s")
+    figure("latency through the gateway during the swap", latency_figure(load.answers))
+    failed = load.failed()
+    assert not failed, f"{len(failed)} of {len(load.answers)} failed: {[a.error for a in failed][:5]}"
+    for container, port in RIGS.values():
+        assert_serving(container, port, new)
+    # Each rig answered with the old model, then only with the new one: it changed at its own swap.
+    by_start = sorted(load.answers, key=lambda a: a.start)
+    for rig in RIGS:
+        models = [a.model for a in by_start if a.rig == rig]
+        assert models[0] == old and models[-1] == new, (rig, models)
+        switched = models.index(new)
+        assert set(models[switched:]) == {new}, (rig, models)
+    # One rig at a time: rig-local answered with the new model while rig-b still had the old one.
+    first_new_local = min(a.end for a in load.answers if a.rig == "rig-local" and a.model == new)
+    last_old_b = max(a.start for a in load.answers if a.rig == "rig-b" and a.model == old)
+    assert first_new_local < last_old_b
+    # The gateway now routes and lists the new model only.
+    with httpx.Client(verify=ssl.create_default_context(cafile=str(CERT)), timeout=60) as http:
+        headers = {"Authorization": f"Bearer {KEY}"}
+        listed = http.get(f"{URL}/v1/models", headers=headers).json()
+        assert [m["id"] for m in listed["data"]] == [new]
+        assert http.get(f"{URL}/v1/models").status_code == 401
+
+
+def test_status_and_query_through_the_gateway(gateway) -> None:
+    keys, _ = gateway
+    status = run_playbook("playbooks/status.yml", "-e", f"@{keys}", *INVENTORY)
+    assert status.rc == 0, status.output[-6000:]
+    assert "gateway gateway-local at https://127.0.0.1:8443" in status.output
+    for rig in RIGS:
+        assert f"{rig}: UP" in status.output, status.output[-3000:]
+    query = run_playbook(
+        "playbooks/query.yml", "-e", "via_gateway=true", "-e", "max_tokens=8", "-e", f"@{keys}", *INVENTORY
+    )
+    assert query.rc == 0, query.output[-6000:]
+    assert "answered by rig-" in query.output and "through https://127.0.0.1:8443" in query.output
+    assert KEY not in status.output + query.output
+
+
+def test_overhead_per_request(gateway, local_rig, figure) -> None:
+    """The same requests to rig-local directly and through the gateway (TLS, key, routing by model),
+    interleaved, on kept-alive connections: the difference of the medians is the gateway's cost.
+    rig-b is drained meanwhile, so both go to the same vLLM."""
+    model = served_models(local_rig.port)[0]
+    ctl = ("exec", "gemma-gateway", "/usr/local/libexec/gemma-rig/gateway-ctl")
+    timings: dict[str, dict[str, list[float]]] = {"tokenize": {}, "chat": {}}
+    requests = {
+        "tokenize": ("/tokenize", {"model": model, "prompt": "What is the capital of France?"}, 60),
+        "chat": (
+            "/v1/chat/completions",
+            {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1},
+            20,
+        ),
+    }
+    tls = ssl.create_default_context(cafile=str(CERT))
+    assert podman(*ctl, "drain", "rig-b").returncode == 0
+    with (
+        httpx.Client(base_url=f"http://127.0.0.1:{local_rig.port}", timeout=60) as direct,
+        httpx.Client(base_url=URL, verify=tls, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as via,
+    ):
+        for kind, (path, body, n) in requests.items():
+            for _ in range(n + 2):  # the first two warm the connections up
+                for name, client in (("direct", direct), ("gateway", via)):
+                    started = time.perf_counter()
+                    response = client.post(path, json=body)
+                    assert response.status_code == 200, response.text
+                    timings[kind].setdefault(name, []).append(time.perf_counter() - started)
+                    if name == "gateway":
+                        assert response.headers["x-gemma-rig"] == "rig-local"
+    assert podman(*ctl, "ready", "rig-b").returncode == 0
+    for kind, by in timings.items():
+        direct_ms = statistics.median(by["direct"][2:]) * 1000
+        via_ms = statistics.median(by["gateway"][2:]) * 1000
+        figure(
+            f"{kind} on rig-local: direct vs through the gateway (medians of {len(by['direct']) - 2})",
+            f"{direct_ms:.1f} ms vs {via_ms:.1f} ms: +{via_ms - direct_ms:.1f} ms per request",
+        )
+
+
+def journal_time(container: str, unit: str, pattern: str) -> float:
+    """When a unit's journal in a container last logged a line matching ``pattern`` (epoch s)."""
+    result = podman(
+        "exec", container, "journalctl", "-u", unit, "-o", "short-unix", "--no-pager", "-g", pattern
+    )
+    lines = [line for line in result.stdout.splitlines() if line[:1].isdigit()]
+    assert lines, f"{container}: no {pattern!r} in {unit}'s journal"
+    return float(lines[-1].split()[0])
+
+
+def test_a_broken_model_rolls_back_and_the_rig_is_put_back(
+    gateway,
+    local_rig,
+    broken_catalog,  # noqa: F811
+    figure,
+) -> None:
+    keys, _ = gateway
+    served = served_models(local_rig.port)[0]
+    b_started = unit_started_at("gemma-rig-b")
+    with Load() as load:
+        time.sleep(2)
+        run = run_playbook(
+            "swap.yml", "-e", "model=tiny-broken", "-e", f"@{broken_catalog}", "-e", f"@{keys}", *INVENTORY
+        )
+        time.sleep(3)
+    assert run.rc != 0
+    assert f"swap {served} -> tiny-broken failed on rig-local" in run.output, run.output[-6000:]
+    assert f"Rolled back: {served} is serving again" in run.output
+    assert unit_started_at("gemma-rig-b") == b_started  # the rollout stopped at rig-local
+    failed = load.failed()
+    figure(
+        "failed swap through the gateway, rolled back",
+        f"{run.seconds:.0f} s, {len(failed)} of {len(load.answers)} requests failed",
+    )
+    assert not failed, [a.error for a in failed][:5]
+    # rig-local is back in service at the gateway, routed for its old model, and answers again.
+    status = gateway_status()
+    assert status["rig-local"]["state"].startswith("UP") and status["rig-local"]["model"] == served, status
+    last = [a.rig for a in sorted(load.answers, key=lambda a: a.start)[-4:]]
+    assert "rig-local" in last, last
+    assert_serving(local_rig.container, local_rig.port, served)
+
+
+def test_a_dead_rig_is_taken_out_within_the_check_interval(gateway, figure) -> None:
+    """Last: rig-b is left dead (systemd restarts it; the fixture removes it)."""
+    with Load(max_tokens=48) as load:
+        time.sleep(4)
+        kill = podman("exec", "gemma-rig-b", "systemctl", "kill", "--signal=SIGKILL", "vllm")
+        assert kill.returncode == 0, kill.stderr
+        deadline = time.monotonic() + 10
+        while not gateway_status()["rig-b"]["state"].startswith("DOWN"):
+            assert time.monotonic() < deadline, gateway_status()
+            time.sleep(0.2)
+        time.sleep(4)
+    killed = journal_time("gemma-rig-b", "vllm", "status=9/KILL")
+    down = journal_time("gemma-gateway", "haproxy", "be_default/rig-b is DOWN")
+    on_b = [
+        a for a in load.answers if a.rig == "rig-b" and a.start <= killed and (not a.end or a.end > killed)
+    ]
+    failed = load.failed()
+    figure(
+        "vLLM killed on one of two rigs behind the gateway",
+        f"marked down {down - killed:.1f} s after the kill; {len(failed)} of {len(load.answers)} requests failed, "
+        f"{len(on_b)} were in flight on it",
+    )
+    assert down - killed < 3.0  # two failed checks 1 s apart (fall 2, inter 1s)
+    # Only requests the dead rig already held fail; later ones went (or were retried) elsewhere.
+    assert all(a.start <= killed and a.rig in ("rig-b", "") for a in failed), [
+        (a.rig, a.error) for a in failed
+    ]
+    assert len(failed) <= len(on_b)
+    assert all(a.rig == "rig-local" for a in load.answers if a.start > down)

@@ -1,0 +1,302 @@
+"""The gateway's HAProxy configuration, rendered by roles/gateway and run on the controller.
+
+One ansible-playbook run (local connections) renders the role's files for a gateway in front of two
+fake rigs (tests/fake_rig.py) serving different models, with the role's own tasks (`tls` makes the
+self-signed certificate, `config` reads each rig's tpu.env and renders; its template task runs
+`haproxy -c` before a file is written). Then the real HAProxy runs that configuration here, and
+clients check what docs/gateway.md promises: the key at the edge (401 without it, never passed
+on), the model list, routing by `model`, streams that pass unbuffered, health checks, and
+gateway-ctl's drain, route and ready through the runtime API.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from tests.conftest import ROOT, VENV_BIN
+from tests.fake_rig import FakeRig
+
+KEY = "sk-gw-unit-0123456789abcdef"  # a test-only key
+RIG_KEY = "sk-rig-unit-0123456789abcdef"
+CTL = ROOT / "roles" / "gateway" / "files" / "gateway-ctl"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Gateway:
+    """The rendered files, the running HAProxy and a client for it."""
+
+    def __init__(self, tmp: Path, rigs: dict[str, FakeRig], port: int) -> None:
+        self.tmp, self.rigs, self.port = tmp, rigs, port
+        self.etc = tmp / "etc"
+        self.socket = tmp / "admin.sock"
+        self.cert = tmp / "ctl" / "gw.crt"
+        self.url = f"https://127.0.0.1:{port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["haproxy", "-db", "-f", str(self.etc / "haproxy.cfg")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0 and self.socket.exists():
+                    return
+            time.sleep(0.1)
+        raise AssertionError("haproxy did not start")
+
+    def stop(self) -> str:
+        assert self.proc is not None
+        self.proc.terminate()
+        out, _ = self.proc.communicate(timeout=10)
+        return out
+
+    def client(self, key: str | None = KEY) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(
+            base_url=self.url,
+            verify=ssl.create_default_context(cafile=str(self.cert)),
+            headers=headers,
+            timeout=30,
+        )
+
+    def ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [str(VENV_BIN / "python"), str(CTL), "--socket", str(self.socket)]
+        cmd += list(args)
+        return subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=60)
+
+    def status(self) -> dict[str, dict]:
+        result = self.ctl("status")
+        assert result.returncode == 0, result.stderr
+        return {row["rig"]: row for row in json.loads(result.stdout)}
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    assert shutil.which("haproxy"), "haproxy is not installed on the controller: run scripts/setup.sh"
+    tmp = tmp_path_factory.mktemp("gateway")
+    with FakeRig("tiny-emb4") as rig_a, FakeRig("tiny-w8a8") as rig_b:
+        rigs = {"fake-a": rig_a, "fake-b": rig_b}
+        gw = Gateway(tmp, rigs, free_port())
+        inventory = tmp / "inventory"
+        (inventory / "group_vars").mkdir(parents=True)
+        (inventory / "group_vars" / "all").symlink_to(ROOT / "inventory" / "group_vars" / "all")
+        local = {"ansible_connection": "local", "ansible_python_interpreter": str(VENV_BIN / "python")}
+        hosts: dict = {"rigs": {"hosts": {}}, "gateways": {"hosts": {}}}
+        for name, rig in rigs.items():
+            env = tmp / f"{name}.env"
+            env.write_text(
+                f"RIG_MODEL_KEY={rig.model}\nRIG_SERVED_MODEL_NAME={rig.model}\nVLLM_API_KEY={RIG_KEY}\n"
+            )
+            hosts["rigs"]["hosts"][name] = {**local, "rig_env_file": str(env), "rig_port": rig.port}
+        hosts["gateways"]["hosts"]["gw"] = {
+            **local,
+            "gateway_service_manage": False,
+            "gateway_config_dir": str(gw.etc),
+            "gateway_admin_socket": str(gw.socket),
+            "gateway_controller_dir": str(tmp / "ctl"),
+            "gateway_bind_address": "127.0.0.1",
+            "gateway_address": "127.0.0.1",
+            "gateway_port": gw.port,
+            "gateway_extra_models": ["tiny-w4a16"],
+        }
+        (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
+        secrets = tmp / "secrets.json"
+        secrets.touch(mode=0o600)
+        secrets.write_text(json.dumps({"gateway_api_keys": {"alice": KEY}, "rig_api_key": RIG_KEY}))
+        play = tmp / "play.yml"
+        role = "ansible.builtin.include_role"
+        tasks = [
+            {"name": "TLS", role: {"name": "gateway", "tasks_from": "tls"}},
+            {"name": "Config", role: {"name": "gateway", "tasks_from": "config"}},
+        ]
+        play.write_text(yaml.safe_dump([{"hosts": "gateways", "gather_facts": False, "tasks": tasks}]))
+        env = {**os.environ, "ANSIBLE_NOCOLOR": "1"}
+        run = subprocess.run(
+            [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), "-e", f"@{secrets}", str(play)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=300,
+        )
+        assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+        gw.playbook_output = run.stdout + run.stderr
+        gw.start()
+        try:
+            yield gw
+        finally:
+            gw.log = gw.stop()
+
+
+def test_rendered_files(gateway: Gateway) -> None:
+    cfg = (gateway.etc / "haproxy.cfg").read_text()
+    check = subprocess.run(
+        ["haproxy", "-c", "-f", str(gateway.etc / "haproxy.cfg")], capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "balance leastconn" in cfg and "option httpchk GET /health" in cfg
+    assert "default-server inter 1s fall 2 rise 1" in cfg
+    assert "option http-buffer-request" in cfg
+    # one backend per model: the two served and the extra one, each rig routed only for its own
+    for model in ("tiny-emb4", "tiny-w8a8", "tiny-w4a16"):
+        assert f"backend model_{model}\n" in cfg
+    assert f"server fake-a 127.0.0.1:{gateway.rigs['fake-a'].port} track be_default/fake-a\n" in cfg
+    assert f"server fake-b 127.0.0.1:{gateway.rigs['fake-b'].port} track be_default/fake-b disabled\n" in cfg
+    models_map = (gateway.etc / "gemma-gateway" / "models.map").read_text()
+    assert "tiny-w4a16 model_tiny-w4a16" in models_map
+    keys = (gateway.etc / "gemma-gateway" / "api-keys.map").read_text()
+    assert KEY not in keys and " alice" in keys
+    for path in gateway.etc.rglob("*"):
+        if path.is_file() and path.name != "gateway.crt":
+            assert path.stat().st_mode & 0o077 == 0, f"{path} is readable by others"
+    assert KEY not in gateway.playbook_output and RIG_KEY not in gateway.playbook_output
+
+
+def test_the_key_is_checked_at_the_edge_and_stops_there(gateway: Gateway) -> None:
+    with gateway.client(key=None) as anon, gateway.client(key="sk-wrong-key-0000") as wrong:
+        assert anon.get("/v1/models").status_code == 401
+        response = wrong.post("/v1/chat/completions", json={"model": "tiny-emb4", "messages": []})
+        assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"
+        assert anon.get("/health").status_code == 200  # the gateway's own health needs no key
+    with gateway.client() as client:
+        assert (
+            client.post("/v1/chat/completions", json={"model": "tiny-emb4", "messages": []}).status_code
+            == 200
+        )
+    sent = [
+        entry["authorization"]
+        for rig in gateway.rigs.values()
+        for entry in rig.log
+        if entry["path"] != "/health"
+    ]
+    assert sent and all(auth == f"Bearer {RIG_KEY}" for auth in sent)  # the rigs' key, never the client's
+
+
+def test_models_and_routing_by_model(gateway: Gateway) -> None:
+    with gateway.client() as client:
+        listed = client.get("/v1/models").json()
+        assert [m["id"] for m in listed["data"]] == ["tiny-emb4", "tiny-w8a8"]
+        for _ in range(4):
+            for rig_name, rig in gateway.rigs.items():
+                response = client.post("/v1/chat/completions", json={"model": rig.model, "messages": []})
+                assert response.status_code == 200, response.text
+                assert response.json()["model"] == rig.model
+                assert response.headers["x-gemma-rig"] == rig_name
+        # no model: any rig, which answers with its own
+        answered = {
+            client.post("/v1/chat/completions", json={"messages": []}).json()["model"] for _ in range(6)
+        }
+        assert answered == {"tiny-emb4", "tiny-w8a8"}
+
+
+def test_streams_pass_unbuffered(gateway: Gateway) -> None:
+    pause = gateway.rigs["fake-a"].stream_pause
+    body = {"model": "tiny-emb4", "messages": [], "stream": True}
+    with gateway.client() as client, client.stream("POST", "/v1/chat/completions", json=body) as response:
+        started = time.monotonic()
+        lines = response.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+        first_at = time.monotonic() - started
+        rest = [line for line in lines if line.startswith("data: ")]
+        done_at = time.monotonic() - started
+    assert json.loads(first[6:])["choices"][0]["delta"]["content"] == "Par"
+    assert rest[-1] == "data: [DONE]"
+    assert first_at < pause / 2 < done_at, (first_at, done_at)
+
+
+def test_drain_route_and_ready(gateway: Gateway) -> None:
+    ctl = gateway.ctl
+    before = gateway.status()
+    assert before["fake-a"]["model"] == "tiny-emb4" and before["fake-a"]["state"].startswith("UP")
+    result = ctl("drain", "fake-a", "--timeout", "10")
+    assert result.returncode == 0, result.stderr
+    assert gateway.status()["fake-a"]["state"] == "DRAIN"
+    with gateway.client() as client:
+        # drained: no new request reaches it, with or without a model
+        assert {
+            client.post("/v1/chat/completions", json={"messages": []}).json()["model"] for _ in range(4)
+        } == {"tiny-w8a8"}
+        assert (
+            client.post("/v1/chat/completions", json={"model": "tiny-emb4", "messages": []}).status_code
+            == 503
+        )
+        # as a swap does: fake-a now serves tiny-w8a8; route it there and put it back
+        gateway.rigs["fake-a"].model = "tiny-w8a8"
+        for args in (("route", "fake-a", "tiny-w8a8"), ("ready", "fake-a", "--timeout", "10")):
+            result = ctl(*args)
+            assert result.returncode == 0, result.stderr
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["tiny-w8a8"]
+        rigs = {
+            client.post("/v1/chat/completions", json={"model": "tiny-w8a8", "messages": []}).headers[
+                "x-gemma-rig"
+            ]
+            for _ in range(8)
+        }
+        assert rigs == {"fake-a", "fake-b"}
+    after = gateway.status()
+    assert after["fake-a"]["model"] == "tiny-w8a8" and after["fake-a"]["state"].startswith("UP")
+    # unknown names fail with a message, not a traceback
+    assert "no backend for model 'nope'" in ctl("route", "fake-a", "nope").stderr
+    assert "no rig 'nope'" in ctl("drain", "nope").stderr
+
+
+def test_a_failing_rig_is_taken_out(gateway: Gateway) -> None:
+    rig = gateway.rigs["fake-b"]
+    rig.healthy = False
+    try:
+        deadline = time.monotonic() + 5
+        while not gateway.status()["fake-b"]["state"].startswith("DOWN"):
+            assert time.monotonic() < deadline, gateway.status()
+            time.sleep(0.1)
+        with gateway.client() as client:
+            rigs = {
+                client.post("/v1/chat/completions", json={"messages": []}).headers["x-gemma-rig"]
+                for _ in range(6)
+            }
+        assert rigs == {"fake-a"}
+    finally:
+        rig.healthy = True
+    deadline = time.monotonic() + 5
+    while not gateway.status()["fake-b"]["state"].startswith("UP"):
+        assert time.monotonic() < deadline, gateway.status()
+        time.sleep(0.1)
+
+
+def test_the_openai_sdk_streams_through_the_gateway(gateway: Gateway) -> None:
+    """The client the e2e load uses: a stream with no model, answered by either rig."""
+    http = httpx.Client(verify=ssl.create_default_context(cafile=str(gateway.cert)), timeout=30)
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=KEY, max_retries=0, http_client=http)
+    raw = client.chat.completions.with_raw_response.create(
+        model="", messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True
+    )
+    chunks = list(raw.parse())
+    assert raw.headers["x-gemma-rig"] in gateway.rigs
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert {c.model for c in chunks} == {gateway.rigs[raw.headers["x-gemma-rig"]].model}
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(
+            base_url=f"{gateway.url}/v1", api_key="sk-wrong", max_retries=0, http_client=http
+        ).models.list()
