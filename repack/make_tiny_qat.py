@@ -36,11 +36,17 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch
-from safetensors.torch import save_file
+from typing import TYPE_CHECKING
 
-from repack import grid, tiny_facts, tokenizer
+from repack import tiny_facts
 from repack.outdir import atomic_dir
+
+if TYPE_CHECKING:
+    import torch
+
+# torch, safetensors, the grid and the tokenizer are imported where they are used: `--update` on an
+# unchanged build needs none of them (the repack role runs it on every site.yml; torch alone takes
+# seconds to import).
 
 NUM_LAYERS = 10
 KV_SHARED = 4
@@ -160,6 +166,8 @@ def full_config() -> dict:
     """The top-level multimodal config.json."""
     tc = text_config()
     tc.pop("architectures")
+    from repack import tokenizer
+
     ids = tokenizer.TOKEN_IDS
     return {
         "architectures": ["Gemma4ForConditionalGeneration"],
@@ -186,6 +194,7 @@ def full_config() -> dict:
 
 def random_state(cfg: dict, seed: int) -> dict[str, torch.Tensor]:
     """Instantiate transformers' Gemma 4 from ``cfg`` (seeded) and return its bf16 state dict."""
+    import torch
     from transformers import Gemma4Config, Gemma4ForConditionalGeneration
 
     torch.manual_seed(seed)
@@ -195,6 +204,10 @@ def random_state(cfg: dict, seed: int) -> dict[str, torch.Tensor]:
 
 def shared_kv_extras(state: dict[str, torch.Tensor], gen: torch.Generator) -> dict[str, torch.Tensor]:
     """k_proj, v_proj and k_norm for the KV-shared layers, shaped like their layer type's owners."""
+    import torch
+
+    from repack import grid
+
     extras = {}
     types = text_config()["layer_types"]
     first_shared = NUM_LAYERS - KV_SHARED
@@ -277,7 +290,7 @@ def trained(state: dict[str, torch.Tensor], cfg: dict, seed: int, cache: Path | 
     The cache holds, per training key, the trained language-model tensors and the training report;
     a lock keeps two builds of one key from training twice. Returns the report (as a dict).
     """
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file, save_file
 
     from repack import train_tiny
 
@@ -322,6 +335,11 @@ def build(
 
 def _write(tmp: Path, seed: int, with_shared_kv: bool, train: bool, cache: Path | None) -> dict[str, int]:
     """Generate the tensors, tokenizer and configs into ``tmp``."""
+    import torch
+    from safetensors.torch import save_file
+
+    from repack import grid, tokenizer
+
     cfg = full_config()
     state = random_state(cfg, seed)
     state.pop("lm_head.weight", None)  # tied to embed_tokens, as in the release
