@@ -20,6 +20,7 @@ N1_GB_PER_CPU = {"standard": 3.75, "highmem": 6.5, "highcpu": 0.9}
 OTHER_TYPES = {
     "f1-micro": (1, 0.6),
     "g1-small": (1, 1.7),
+    "e2-small": (2, 2.0),
     "e2-medium": (2, 4.0),
     "e2-standard-2": (2, 8.0),
     "e2-standard-4": (4, 16.0),

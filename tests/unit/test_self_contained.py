@@ -33,6 +33,8 @@ def test_no_path_leaves_a_role_or_the_playbooks() -> None:
 PLATFORM_PLAYS = {
     "provision_gce.yml": ("gce", None),
     "teardown_gce.yml": ("gce", "teardown"),
+    "provision_gce_gateways.yml": ("gce", None),
+    "teardown_gce_gateways.yml": ("gce", "teardown"),
     "provision_local.yml": ("local_rig", None),
     "teardown_local.yml": ("local_rig", "teardown"),
 }

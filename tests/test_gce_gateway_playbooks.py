@@ -1,0 +1,206 @@
+"""The gateway VM on Compute Engine: provision_gce_gateways.yml, gateway.yml and teardown against the
+fake Compute API, with the project's example inventory (inventory/gateway-gce.yml) and its group
+vars (inventory/group_vars/gce_gateways.yml: the VM's shape and its firewall rule)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT, VENV_BIN
+from tests.fake_compute import FakeComputeServer, Faults
+
+# Each test starts ansible-playbook (module start-up imports google-cloud-compute: seconds each).
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+GATEWAY = "gemma-gateway-1"  # the example inventory's host
+KEY = "gw-test-0123456789abcdef"
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeComputeServer]:
+    with FakeComputeServer(Faults(op_delay=0.05, stockout_zones={"us-central1-a"})) as server:
+        yield server
+
+
+@pytest.fixture
+def extra(tmp_path: Path) -> Path:
+    """What a user sets for the example inventory: project, zones, key, client ranges and keys."""
+    key = tmp_path / "id_test.pub"
+    key.write_text("ssh-ed25519 AAAAC3NzaTEST rig@test\n")
+    path = tmp_path / "extra.yml"  # stands in for the inventory's values and an ansible-vault file
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "gce_project": "proj",
+                "gce_zones": ["us-central1-a", "us-central1-b"],
+                "gce_ssh_public_key_file": str(key),
+                "gateway_source_ranges": ["198.51.100.0/24"],
+                "gateway_api_keys": {"client": KEY},
+            }
+        )
+    )
+    return path
+
+
+def _play(
+    playbook: str, fake: FakeComputeServer, extra: Path, *more: str, inventories: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    cmd = [
+        str(VENV_BIN / "ansible-playbook"), "-i", "inventory/gateway-gce.yml",
+        *(a for inv in inventories for a in ("-i", inv)), playbook,
+        "-e", f"@{extra}", "-e", f"gce_api_endpoint={fake.endpoint}", "-e", "gce_auth_kind=anonymous",
+        "-e", "gce_ssh_wait_timeout=1", *more,
+    ]  # fmt: skip
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1")
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False)
+
+
+def _task_output(out: str, task: str) -> str:
+    """The lines Ansible printed for one task (up to the next TASK or PLAY header)."""
+    start = out.index(f"TASK [{task}]")
+    following = [i for i in (out.find("\nTASK [", start + 1), out.find("\nPLAY ", start + 1)) if i > 0]
+    return out[start : min(following, default=len(out))]
+
+
+def test_gateway_vm_is_small_and_only_its_port_is_open(fake: FakeComputeServer, extra: Path) -> None:
+    result = _play("playbooks/provision_gce_gateways.yml", fake, extra, "-v")
+    out = result.stdout + result.stderr
+    # The VM's IP is unroutable (TEST-NET-3): the play gets as far as the SSH wait and fails there.
+    assert result.returncode == 2, out
+    assert "TASK [gce : Wait for SSH on the VM]" in out
+    assert re.search(r"Timeout when waiting for (search string OpenSSH in )?203\.0\.113\.\d+:22", out), out[
+        -3000:
+    ]
+    body = fake.api.requests("POST", "/instances")[-1]["body"]
+    assert body["name"] == GATEWAY
+    assert body["machineType"] == "zones/us-central1-b/machineTypes/e2-small"
+    assert not body.get("guestAccelerators")
+    assert [d["deviceName"] for d in body["disks"]] == [GATEWAY]  # the boot disk only
+    boot = body["disks"][0]
+    assert boot["autoDelete"] is True and boot["initializeParams"]["diskSizeGb"] in (10, "10")
+    assert boot["initializeParams"]["diskType"].endswith("/diskTypes/pd-balanced")
+    assert body["tags"]["items"] == ["gemma-gateway"]
+    assert body["labels"] == {"app": "gemma-rig", "role": "gateway"}
+    assert list(fake.api.disks) == [("us-central1-b", GATEWAY)]  # no data disk was made
+
+    assert list(fake.api.firewalls) == [f"{GATEWAY}-gateway"]
+    rule = fake.api.firewalls[f"{GATEWAY}-gateway"]
+    assert rule["allowed"] == [{"IPProtocol": "tcp", "ports": ["8443"]}]  # gateway_port only
+    assert rule["sourceRanges"] == ["198.51.100.0/24"] and rule["targetTags"] == ["gemma-gateway"]
+    assert rule["network"].endswith("/global/networks/default")
+    assert KEY not in out
+
+    # The in-memory inventory: a gateway (not a rig), with the internal address its peers reach.
+    task = _task_output(out, "gce : Add the VM to the inventory (gateways and gce_gateways)")
+    added = yaml.safe_load(
+        textwrap.dedent(task[task.index("    add_host:") : task.index("    ansible_loop_var")])
+    )
+    added = added["add_host"]
+    assert sorted(added["groups"]) == ["gateways", "gce_gateways"]
+    assert added["host_vars"]["gce_internal_ip"].startswith("10.")
+    assert "rig_endpoint_open" not in added["host_vars"]
+
+
+def test_second_run_check_mode_and_teardown(fake: FakeComputeServer, extra: Path) -> None:
+    first = _play("playbooks/provision_gce_gateways.yml", fake, extra)
+    assert "TASK [gce : Wait for SSH on the VM]" in first.stdout, first.stdout
+    after_first = list(fake.api.mutating_requests())
+
+    # Against the filled-in fake (subnetwork, networkIP, fingerprints...): reads only.
+    second = _play("playbooks/provision_gce_gateways.yml", fake, extra)
+    out = second.stdout + second.stderr
+    assert "TASK [gce : Wait for SSH on the VM]" in out, out
+    for task in (
+        "gce : Create or update the VM",
+        "gce : Open the endpoint to the listed ranges, or make sure it is closed",
+    ):
+        seen = _task_output(out, task)
+        assert f"ok: [{GATEWAY}" in seen and "changed:" not in seen, seen
+    assert fake.api.mutating_requests() == after_first
+    assert "did nothing" in _task_output(out, "gce : Report where the VM landed")
+
+    check = _play("playbooks/provision_gce_gateways.yml", fake, extra, "--check", "--diff")
+    assert check.returncode == 0, check.stdout
+    assert fake.api.mutating_requests() == after_first
+
+    gone = _play("teardown.yml", fake, extra)
+    text = " ".join((gone.stdout + gone.stderr).split())
+    assert gone.returncode == 0, text
+    assert fake.api.instances == {} and fake.api.firewalls == {} and fake.api.disks == {}
+    assert (
+        f"removed: delete instance {GATEWAY} in us-central1-b; delete firewall rule {GATEWAY}-gateway" in text
+    )
+    assert "nothing of this gateway still costs money" in text
+
+
+def test_check_mode_on_an_empty_project_changes_nothing(fake: FakeComputeServer, extra: Path) -> None:
+    result = _play("playbooks/provision_gce_gateways.yml", fake, extra, "--check", "--diff")
+    assert result.returncode == 0, result.stdout
+    assert fake.api.mutating_requests() == []
+    assert "e2-small" in result.stdout  # the diff shows the planned VM
+
+
+@pytest.mark.parametrize(
+    ("override", "expect"),
+    [
+        ({"gateway_source_ranges": ["0.0.0.0/0"]}, "0.0.0.0/0"),
+        ({"gateway_source_ranges": []}, "gateway_source_ranges"),
+        ({"gateway_api_keys": {"client": "short"}}, "gateway_api_keys"),
+    ],
+)
+def test_the_gateway_port_is_refused_to_the_world_and_without_keys(
+    fake: FakeComputeServer, extra: Path, tmp_path: Path, override: dict, expect: str
+) -> None:
+    bad = tmp_path / "bad.yml"
+    bad.write_text(yaml.safe_dump(override))
+    result = _play("playbooks/provision_gce_gateways.yml", fake, extra, "-e", f"@{bad}")
+    out = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 2 and expect in out, out[-3000:]
+    assert fake.api.mutating_requests() == []  # refused before any change
+
+
+def test_gateway_yml_provisions_the_vm_and_rigs_stay_closed(
+    fake: FakeComputeServer, extra: Path, tmp_path: Path
+) -> None:
+    """The rig's provisioning, then gateway.yml: the rig behind the gateway gets no firewall rule of
+    its own (gce_internal_endpoint), and gateway.yml makes the gateway VM and its one rule."""
+    rigs = tmp_path / "rigs.yml"
+    rigs.write_text(
+        yaml.safe_dump(
+            {
+                "rigs": {
+                    "children": {
+                        "gce": {
+                            # Host vars: inventory/group_vars/all/rig.yml's empty list beats a group's.
+                            "hosts": {"rig-test": {"rig_endpoint_source_ranges": ["10.128.0.0/9"]}},
+                            "vars": {"gce_internal_endpoint": True},
+                        }
+                    }
+                }
+            }
+        )
+    )
+    secrets = tmp_path / "vault.yml"
+    secrets.write_text(yaml.safe_dump({"rig_api_key": "sk-rig-0123456789abcdef"}))
+    result = _play("playbooks/provision_gce.yml", fake, extra, "-e", f"@{secrets}", inventories=(str(rigs),))
+    out = result.stdout + result.stderr
+    assert "TASK [gce : Wait for SSH on the VM]" in out, out
+    assert ("us-central1-b", "rig-test") in fake.api.instances
+    assert fake.api.firewalls == {}  # the rig's endpoint is for the VPC only: no rule
+
+    gateway = _play("gateway.yml", fake, extra, "-e", f"@{secrets}", inventories=(str(rigs),))
+    out = gateway.stdout + gateway.stderr
+    assert (
+        "PLAY [Provision Compute Engine gateways]" in out and "TASK [gce : Wait for SSH on the VM]" in out
+    ), out
+    assert ("us-central1-b", GATEWAY) in fake.api.instances
+    assert list(fake.api.firewalls) == [f"{GATEWAY}-gateway"]
+    assert "sk-rig-0123456789abcdef" not in out and KEY not in out
