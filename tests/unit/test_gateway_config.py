@@ -12,7 +12,6 @@ gateway-ctl's drain, route and ready through the runtime API.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import ssl
@@ -26,6 +25,7 @@ import openai
 import pytest
 import yaml
 
+from tests.ansible_run import run_playbook
 from tests.conftest import ROOT, VENV_BIN
 from tests.fake_rig import FakeRig
 
@@ -132,18 +132,9 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
             {"name": "Config", role: {"name": "gateway", "tasks_from": "config"}},
         ]
         play.write_text(yaml.safe_dump([{"hosts": "gateways", "gather_facts": False, "tasks": tasks}]))
-        env = {**os.environ, "ANSIBLE_NOCOLOR": "1"}
-        run = subprocess.run(
-            [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), "-e", f"@{secrets}", str(play)],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=300,
-        )
-        assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
-        gw.playbook_output = run.stdout + run.stderr
+        run = run_playbook(str(play), "-e", f"@{secrets}", inventory=inventory, timeout=300)
+        assert run.rc == 0, run.output[-9000:]
+        gw.playbook_output = run.output
         gw.start()
         try:
             yield gw
