@@ -1,7 +1,7 @@
 """The bench client's pure logic, and its HTTP handling against a minimal SSE server in a thread.
 
 The stub server only speaks the wire format (it is not what is measured); the client runs against
-real vLLM in tests/test_bench_cpu.py.
+real vLLM in tests/controller/test_bench.py.
 """
 
 from __future__ import annotations

@@ -14,31 +14,20 @@ from pathlib import Path
 
 import pytest
 
-from evidence import _tiny
 from evidence.report import validate
 from tests.ansible_run import run_playbook
 from tests.bench_grid import REDUCED_GRID
-from tests.vllm_server import serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 LOCAL = {"ansible_connection": "local", "ansible_python_interpreter": "/usr/bin/python3"}
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path, Path]:
-    root = tmp_path_factory.mktemp("bench")
-    # Not the rig's tiny model: its greedy output is special tokens, which stream as no text.
-    model = _tiny.build(root / "tiny", seed=3)
-    log = root / "vllm.log"
-    with serve(model, "tiny-bench", log) as url:
-        yield int(url.rsplit(":", 1)[1]), model, log
-
-
-def test_bench_playbook_records_a_schema_valid_run(server, tmp_path: Path, figure) -> None:
-    port, model, log = server
+def test_bench_playbook_records_a_schema_valid_run(servers, tmp_path: Path, figure) -> None:
+    served = servers[0]  # tests/controller/conftest.py: its log is a file
+    port, model, log = served.port, served.model, served.log
     (tmp_path / "tpu.env").write_text(
-        "# rendered by hand for this test\nRIG_MODEL_KEY=tiny-bench\nRIG_MAX_NUM_SEQS=4\n"
+        f"# rendered by hand for this test\nRIG_MODEL_KEY={served.name}\nRIG_MAX_NUM_SEQS=4\n"
         'RIG_EXTRA_ARGS="--enforce-eager --kv-cache-memory-bytes 268435456"\n'
     )
     inventory = tmp_path / "inventory.yml"
@@ -51,7 +40,7 @@ def test_bench_playbook_records_a_schema_valid_run(server, tmp_path: Path, figur
                             "ansible_connection": "local",
                             "ansible_python_interpreter": "/usr/bin/python3",
                             "rig_platform": "controller",
-                            "rig_model": "tiny-bench",
+                            "rig_model": served.name,
                             "rig_listen_address": "127.0.0.1",
                             "rig_port": port,
                         }
