@@ -24,10 +24,10 @@ MODEL = "tiny-emb4"
 # The start states a file can declare in `RIG_START` (CONTRIBUTING.md, "Skips and the e2e order").
 NONE = "none"  # no expectation: the file stands the rig up (test_00) or removes it (test_99)
 DEFAULT = "default"  # as site.yml leaves it: active, serving tiny-emb4 (checked at the source), closed
-# As test_20 hands the two-rig fleet to test_25: rig-local active and closed, serving tiny-emb4 or,
-# after test_20's rolling swap, tiny-w8a8 (checked at the source); rig-b, when up, serving the same.
+# As test_20 hands the two-rig fleet to test_25: rig-local active and closed, serving tiny-emb4
+# (checked at the source); rig-b, when up, serving the same.
 FLEET = "fleet"
-FLEET_MODELS = (MODEL, "tiny-w8a8")
+FLEET_MODELS = (MODEL,)
 START_STATES = (NONE, DEFAULT, FLEET)
 
 # The second local rig (rig-b, container gemma-rig-b on 8001), layered on the default inventory so

@@ -4,9 +4,10 @@ and a rig whose vLLM dies is taken out within the health-check interval.
 A steady stream of streamed chats goes through the gateway (TLS, an API key) with the official
 `openai` SDK, without its retries: every failure counts. The requests name no model (the gateway
 sends them to any rig up, which answers with its own), so each answer's `model` and the
-X-Gemma-Rig header say which rig answered with which model. test_20 hands the fleet over after
-its rolling swap (both rigs on tiny-w8a8), so this file's rolling swap is the one that brings
-rig-local back to tiny-emb4; run alone it swaps to tiny-w8a8 and back.
+X-Gemma-Rig header say which rig answered with which model. test_20 hands the fleet over as
+site.yml stood it up (both rigs on tiny-emb4); this file's rolling swap takes both to tiny-w8a8
+(it is the project's only rolling swap: one rig at a time, in the inventory's order), and the
+fixture swaps rig-local back to tiny-emb4 for the files after it.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from tests.e2e.rig import assert_serving, podman, rig_containers, served_models,
 from tests.e2e.test_10_swap import broken_catalog  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
-RIG_START = "fleet"  # rig-local (and rig-b) on tiny-emb4, or on tiny-w8a8 as test_20 hands them over
+RIG_START = "fleet"  # rig-local and rig-b on tiny-emb4, as test_20 hands them over
 
 GATEWAY = ("-i", str(ROOT / "inventory" / "gateway-local.yml"))
 INVENTORY = (*FLEET_INVENTORY, *GATEWAY)
@@ -136,7 +137,7 @@ def gateway(fleet, local_rig, tmp_path_factory: pytest.TempPathFactory):
     down = run_playbook("teardown.yml", "-l", "rig-b,gateway-local", *INVENTORY)
     assert down.rc == 0, down.output[-4000:]
     assert not {"gemma-rig-b", "gemma-gateway"} & set(rig_containers())
-    if served_models(local_rig.port) != [local_rig.model]:  # run alone: this file's swap went away from it
+    if served_models(local_rig.port) != [local_rig.model]:  # the rolling swap went away from it
         back = run_playbook("swap.yml", "-e", f"model={local_rig.model}")
         assert back.rc == 0, back.output[-4000:]
     assert_serving(local_rig.container, local_rig.port, local_rig.model)
@@ -165,16 +166,38 @@ def test_rolling_swap_through_the_gateway_no_client_notices(gateway, local_rig, 
         assert models[0] == old and models[-1] == new, (rig, models)
         switched = models.index(new)
         assert set(models[switched:]) == {new}, (rig, models)
-    # One rig at a time: rig-local answered with the new model while rig-b still had the old one.
+    # One rig at a time: rig-local answered with the new model while rig-b still had the old one,
+    # the playbook said so in that order, and rig-b's unit started after rig-local's.
     first_new_local = min(a.end for a in load.answers if a.rig == "rig-local" and a.model == new)
     last_old_b = max(a.start for a in load.answers if a.rig == "rig-b" and a.model == old)
     assert first_new_local < last_old_b
+    assert run.output.index(f"rig-local: {old} -> {new}") < run.output.index(f"rig-b: {old} -> {new}")
+    assert started_seconds("gemma-rig-b") > started_seconds("gemma-rig")
     # The gateway now routes and lists the new model only.
     with httpx.Client(verify=ssl.create_default_context(cafile=str(CERT)), timeout=60) as http:
         headers = {"Authorization": f"Bearer {KEY}"}
         listed = http.get(f"{URL}/v1/models", headers=headers).json()
         assert [m["id"] for m in listed["data"]] == [new]
         assert http.get(f"{URL}/v1/models").status_code == 401
+
+
+def started_seconds(container: str) -> float:
+    """The unit's last start on the host-wide monotonic clock (containers share it), in seconds."""
+    return int(unit_started_at(container).split("=")[1]) / 1e6
+
+
+def test_query_and_status_follow_the_served_model(gateway, local_rig) -> None:
+    """After the rolling swap rig-local serves another model than the inventory says: query.yml
+    (the default inventory, no gateway) asks the served model (not a 404 for the inventory's) and
+    status.yml says which it is and that the inventory differs."""
+    (served,) = served_models(local_rig.port)
+    assert served != local_rig.model
+    query = run_playbook("playbooks/query.yml", "-e", "max_tokens=16")
+    assert query.rc == 0, query.output[-6000:]
+    assert f"{served}: " in query.output and "does not exist" not in query.output
+    status = run_playbook("playbooks/status.yml")
+    assert status.rc == 0, status.output[-6000:]
+    assert f"model: {served} (the inventory says {local_rig.model}: swapped since site.yml)" in status.output
 
 
 def test_status_and_query_through_the_gateway(gateway) -> None:

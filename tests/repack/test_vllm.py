@@ -20,23 +20,30 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from repack import tiny_facts
+from tests.conftest import ROOT
 from tests.vllm_server import RIG_DTYPE, serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 LM_ONLY = ["--language-model-only"]
-# (build, dtype, extra flags). emb4 needs roles/vllm/files/vllm_cpu_int4_embedding installed in this venv;
-# text-kv is the layout with k_proj/v_proj/k_norm present for the KV-shared layers. w4a16 runs in
-# float16, the T4's datapath, whose 8x finer rounding makes the log-probability check sharp
-# (see TOLERANCE); the others run the local rig's bf16.
+# Each build is served with the flags the rig gives it: the local profile's (tests/vllm_server.py)
+# plus the catalog's vllm_args for its tiny-* key, so a catalog entry that cannot serve its build
+# fails here (the rig's e2e swaps to one build only). text-kv is not in the catalog: the layout with
+# k_proj/v_proj/k_norm present for the KV-shared layers. emb4 needs
+# roles/vllm/files/vllm_cpu_int4_embedding installed in this venv. w4a16 runs in float16, the T4's
+# datapath, whose 8x finer rounding makes the log-probability check sharp (see TOLERANCE); the
+# others run the local rig's bf16.
+CATALOG = yaml.safe_load((ROOT / "inventory" / "group_vars" / "all" / "models.yml").read_text())["rig_models"]
 CASES = [
-    ("w4a16", "float16", LM_ONLY),
-    ("text", RIG_DTYPE, []),
-    ("emb4", RIG_DTYPE, []),
-    ("w8a8", RIG_DTYPE, []),
-    ("text-kv", RIG_DTYPE, []),
+    (
+        build,
+        "float16" if build == "w4a16" else RIG_DTYPE,
+        CATALOG.get(f"tiny-{build}", {}).get("vllm_args", []),
+    )
+    for build in ("w4a16", "text", "emb4", "w8a8", "text-kv")
 ]
 SAME_WEIGHTS = {"w4a16", "text", "emb4", "text-kv"}  # lossless conversions of the qat source
 
