@@ -70,4 +70,6 @@ def test_lock_pins_the_cloud_clients_the_modules_import() -> None:
     """library/gce_*.py and tpu_node.py import these; the lock is installed with --no-deps."""
     lock = (ROOT / "requirements.lock").read_text()
     for name in ("google-cloud-compute", "google-cloud-tpu", "google-api-core", "google-auth", "proto-plus"):
-        assert re.search(rf"^{re.escape(name)}==\S+$", lock, re.M), f"{name} is not pinned in requirements.lock"
+        assert re.search(rf"^{re.escape(name)}==\S+$", lock, re.M), (
+            f"{name} is not pinned in requirements.lock"
+        )
