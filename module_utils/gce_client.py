@@ -49,16 +49,20 @@ class Clients:
     global_operations: Any
 
 
-def credentials(auth_kind: str, service_account_file: str | None) -> Any:
-    """Credentials for the chosen auth kind; ADC honours GOOGLE_APPLICATION_CREDENTIALS."""
+def credentials(auth_kind: str, service_account_file: str | None, scopes: list[str] | None = None) -> Any:
+    """Credentials for the chosen auth kind; ADC honours GOOGLE_APPLICATION_CREDENTIALS.
+
+    ``scopes`` defaults to Compute's; the Cloud TPU modules ask for cloud-platform.
+    """
+    scopes = scopes or SCOPES
     if auth_kind == "anonymous":
         return AnonymousCredentials()
     if auth_kind == "serviceaccount":
         if not service_account_file:
             raise ValueError("auth_kind=serviceaccount needs service_account_file")
-        return service_account.Credentials.from_service_account_file(service_account_file, scopes=SCOPES)
+        return service_account.Credentials.from_service_account_file(service_account_file, scopes=scopes)
     try:
-        creds, _project = google.auth.default(scopes=SCOPES)
+        creds, _project = google.auth.default(scopes=scopes)
     except google.auth.exceptions.DefaultCredentialsError as exc:
         raise ValueError(
             "no Google Cloud credentials found: run `gcloud auth application-default login`, set "

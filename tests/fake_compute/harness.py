@@ -1,4 +1,4 @@
-"""Run library/gce_instance.py in-process against the fake API (fast: no ansible-playbook start-up).
+"""Run the project's cloud modules (library/gce_*.py, tpu_node.py) in-process against the fake API (fast: no ansible-playbook start-up).
 
 The module code runs unchanged: its ``ansible.module_utils.gce_*`` imports resolve to the
 repository's module_utils/, as they do when Ansible ships the module.
@@ -32,18 +32,20 @@ def load(name: str) -> Any:
     return module
 
 
-MODULES = {"gce_instance": load("gce_instance"), "gce_firewall": load("gce_firewall")}
+MODULES = {n: load(n) for n in ("gce_instance", "gce_firewall", "tpu_node")}
 
 # Defaults that keep tests fast: tiny backoff, anonymous credentials.
 FAST = {"auth_kind": "anonymous", "retry_initial_delay": 0.01, "retry_deadline": 10, "operation_timeout": 20}
 FAST_FIREWALL = {"auth_kind": "anonymous", "operation_timeout": 20}
+FAST_TPU = dict(FAST, poll_interval=0.02, zone_wait=5)
+PRESETS = {"gce_instance": FAST, "gce_firewall": FAST_FIREWALL, "tpu_node": FAST_TPU}
 
 
 def run_module(
     endpoint: str, check: bool = False, diff: bool = False, module: str = "gce_instance", **params: Any
 ) -> dict[str, Any]:
     """Run the module once; returns its JSON result (``failed`` set when it failed)."""
-    args = dict(FAST if module == "gce_instance" else FAST_FIREWALL, api_endpoint=endpoint, **params)
+    args = dict(PRESETS[module], api_endpoint=endpoint, **params)
     args["_ansible_check_mode"] = check
     args["_ansible_diff"] = diff
     out = io.StringIO()

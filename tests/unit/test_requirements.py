@@ -64,3 +64,12 @@ def test_pyproject_and_lock_agree_on_ansible() -> None:
     pyproject = re.search(r'"ansible([<>=!~]=?[^"]*)"', (ROOT / "pyproject.toml").read_text())
     assert lock and pyproject
     assert pyproject[1] == f"=={lock[1]}", (pyproject[1], lock[1])
+
+
+def test_lock_pins_the_cloud_clients_the_modules_import() -> None:
+    """library/gce_*.py and tpu_node.py import these; the lock is installed with --no-deps."""
+    lock = (ROOT / "requirements.lock").read_text()
+    for name in ("google-cloud-compute", "google-cloud-tpu", "google-api-core", "google-auth", "proto-plus"):
+        assert re.search(rf"^{re.escape(name)}==\S+$", lock, re.M), (
+            f"{name} is not pinned in requirements.lock"
+        )

@@ -37,6 +37,8 @@ PLATFORM_PLAYS = {
     "teardown_gce_gateways.yml": ("gce", "teardown"),
     "provision_local.yml": ("local_rig", None),
     "teardown_local.yml": ("local_rig", "teardown"),
+    "provision_tpu.yml": ("tpu", None),
+    "teardown_tpu.yml": ("tpu", "teardown"),
 }
 
 
