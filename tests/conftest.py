@@ -60,8 +60,20 @@ def _unexpected_skips(config: pytest.Config) -> list[str]:
     return [f"{r.nodeid}: {_skip_reason(r)}" for r in skipped if _skip_reason(r) not in ALLOWED_SKIPS]
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the selected molecule scenarios now, in the background (tests/molecule_run.py)."""
+    names = [m.args[0] for item in session.items for m in item.iter_markers("molecule") if m.args]
+    if names and not session.config.option.collectonly and os.environ.get("RIG_MOLECULE_EARLY") != "0":
+        from tests.molecule_run import start_early
+
+        start_early(list(dict.fromkeys(names)))
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Fail the run on a skip that ALLOWED_SKIPS does not list."""
+    """Fail the run on a skip that ALLOWED_SKIPS does not list; stop a molecule run still going."""
+    from tests.molecule_run import stop_early
+
+    stop_early()
     if _unexpected_skips(session.config) and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

@@ -13,7 +13,7 @@ from tests.molecule_run import run_scenario
 
 
 @pytest.mark.slow
-@pytest.mark.molecule
+@pytest.mark.molecule("gce")
 @pytest.mark.timeout(3600)
 def test_molecule_gce() -> None:
     """`molecule test -s gce` passes end to end, and shows what it skipped and why."""
