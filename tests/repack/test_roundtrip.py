@@ -60,11 +60,15 @@ def test_w8a8_within_tolerance(builds, reference):
     logit_scale = reference.abs().max().item()
     print(f"w8a8 max logit gap {gap:.3f}, reference logits up to {logit_scale:.2f}")
     assert 0 < gap <= W8A8_MAX_RELATIVE_LOGIT_GAP * logit_scale
-    # Weights: int8 * per-row scale is within half a step of every QAT value.
+    # Weights: the scale is amax / 127 of each row rounded to the nearest bf16, stored bf16
+    # [out, 1] (the W8A8 card's format), and int8 * that stored scale is within half a step of
+    # every QAT value.
     src, out = tensors(builds["qat"]), tensors(builds["w8a8"])
     k = "model.layers.3.mlp.down_proj"
     w = src["model.language_model.layers.3.mlp.down_proj.weight"].float()
-    scale = out[f"{k}.weight_scale"].float()
-    assert torch.allclose(scale.squeeze(1), w.abs().amax(1) / 127)
+    stored = out[f"{k}.weight_scale"]
+    assert stored.dtype == torch.bfloat16 and stored.shape == (w.shape[0], 1)
+    assert torch.equal(stored.squeeze(1), (w.abs().amax(1) / 127).to(torch.bfloat16))
+    scale = stored.float()
     # Ties (w / scale exactly k + 0.5) are common on a 4-bit grid; float32 rounding nudges them.
     assert ((out[f"{k}.weight"].float() * scale - w).abs() <= scale * 0.5001).all()
