@@ -17,8 +17,10 @@ IDS = torch.tensor(
 # measured gap on the tiny model is about 1.1 (logits are soft-capped at 30); allow 2.5.
 # W8A8 re-rounds the grid's values to int8 per channel and the activations per token: its logits
 # drift by a share of their scale. Measured on the trained tiny model over IDS (arbitrary tokens,
-# off the facts it was trained on): 5.77 at logits up to 28.75 (20%); the untrained model's drift
-# was under 2.5. Its answers are what must hold, and do (tests/repack/test_vllm.py).
+# off the facts it was trained on): 5.77 at logits up to 28.75 (20%) with float32 scales, 2.78
+# (10%) with the bf16 scales written now, whose int8 values' error against the QAT values is the
+# same (0.58% mean per tensor either way); the untrained model's drift was under 2.5. Its
+# answers are what must hold, and do (tests/repack/test_vllm.py).
 W8A8_MAX_RELATIVE_LOGIT_GAP = 0.25
 
 
