@@ -21,7 +21,7 @@ from typing import TypeVar
 import numpy as np
 from tqdm import tqdm
 
-from repack import __version__, scratch, verbatim
+from repack import __version__, int8_error, scratch, verbatim
 from repack.finite import NonFiniteError
 from repack.outdir import atomic_dir, check_apart, link_or_copy
 from repack.st_io import CheckpointError, ShardWriter, Source
@@ -66,14 +66,22 @@ class Summary:
     shards_copied: int = 0
     seconds: float = 0.0
     steps: list[str] = field(default_factory=list)
+    int8_relative_error: dict | None = None  # int8 builds only: repack.int8_error.summarize
 
     def line(self) -> str:
-        return (
+        text = (
             f"{self.tensors_converted} tensors converted, {self.tensors_written} written; "
             f"{self.bytes_in / 1e6:.1f} MB in, {self.bytes_out / 1e6:.1f} MB out; "
             f"{self.off_grid_groups} off-grid groups; {self.shards_linked} shard(s) linked, "
             f"{self.shards_copied} copied; {self.seconds:.1f} s"
         )
+        if self.int8_relative_error:
+            text += f"; {int8_error.line(self.int8_relative_error)}"
+        return text
+
+    def record(self) -> dict:
+        """What repack.json keeps under ``summary`` (a figure a build does not have is left out)."""
+        return {k: v for k, v in self.__dict__.items() if v is not None}
 
 
 def source_units(src: Source) -> list[Unit]:
@@ -435,6 +443,7 @@ def run(
         if off:
             raise OffGridError(src.path, off)
         summary.tensors_written = len(weight_map)
+        summary.int8_relative_error = int8_error.summarize(ctx.int8_sums.per_tensor())
         if len(shards) > 1:
             index = {
                 "metadata": {"total_size": summary.bytes_out},
@@ -452,7 +461,7 @@ def run(
             "steps": summary.steps,
             "source": str(src.path.resolve()),
             "source_fingerprint": src.fingerprint(),
-            "summary": summary.__dict__,
+            "summary": summary.record(),
         }
         (tmp / STAMP).write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
     return summary

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from repack import grid, scratch
+from repack import grid, int8_error, scratch
 from repack.st_io import FLOATS, STORAGE
 from repack.units import Out, Unit, constant, renamed
 
@@ -54,6 +54,7 @@ class Context:
     """What the steps record while the writer pulls data through them."""
 
     stats: dict[str, TensorStats] = field(default_factory=dict)
+    int8_sums: int8_error.ErrorSums = field(default_factory=int8_error.ErrorSums)
     lock: threading.Lock = field(default_factory=threading.Lock)  # chunks finish on several threads
 
     def record(self, name: str, r: grid.GridResult) -> None:
@@ -138,7 +139,8 @@ def int4_unit(u: Unit, ctx: Context, extra_bases: tuple[str, ...] = ()) -> Unit:
 
 
 def int8_unit(u: Unit, ctx: Context) -> Unit:
-    """A bf16 [out, in] weight -> int8 weight and a per-row float32 scale (amax / 127)."""
+    """A bf16 [out, in] weight -> int8 weight and a per-row bf16 scale (amax / 127 rounded to the nearest
+    bf16, repack.int8_fast), the card's format; records the chunk's error sums (repack.int8_error)."""
     o = _weight(u)
     if len(o.shape) != 2:
         raise grid.GridShapeError(f"{o.name}: expected a 2-D [out, in] weight, got shape {list(o.shape)}")
@@ -146,16 +148,17 @@ def int8_unit(u: Unit, ctx: Context) -> Unit:
     b = _base(o.name)
     outs = [
         Out(f"{b}.weight", "I8", (rows, cols), True),
-        Out(f"{b}.weight_scale", "F32", (rows, 1), True),
+        Out(f"{b}.weight_scale", "BF16", (rows, 1), True),
     ]
     inner = u.produce
 
     from repack import int8_fast  # numba's import is paid only by the W8A8 step
 
     def produce(start: int, stop: int) -> list[np.ndarray | None]:
-        q, scale, err = int8_fast.quantize_array(inner(start, stop)[0], o.dtype, reuse=True)
-        ctx.record_error(o.name, stop - start, err)
-        return [q, scale]
+        r = int8_fast.quantize_array(inner(start, stop)[0], o.dtype, reuse=True)
+        ctx.record_error(o.name, stop - start, r.max_abs_error)
+        ctx.int8_sums.add(o.name, start, r.err_sq, r.ref_sq)
+        return [r.q, r.scale]
 
     return Unit(outs, rows, produce, u.shard, u.src, u.src_bytes, u.row_bytes, True, set(u.tags))
 
