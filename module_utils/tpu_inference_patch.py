@@ -354,10 +354,20 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def _count(text: str, lines: str) -> int:
+    """How often ``lines`` occurs in ``text`` as whole lines (an indented copy does not count)."""
+    return ("\n" + text).count("\n" + lines)
+
+
+def _replace(text: str, old: str, new: str) -> str:
+    """``text`` with the one whole-line occurrence of ``old`` replaced by ``new``."""
+    return ("\n" + text).replace("\n" + old, "\n" + new, 1)[1:]
+
+
 def _first_bad_anchor(fp: FilePatch, text: str, side: str) -> str:
     for hunk in fp.hunks:
         anchor = hunk.before if side == "before" else hunk.after
-        found = text.count(anchor)
+        found = _count(text, anchor)
         if found != 1:
             state = "missing" if found == 0 else f"found {found} times"
             return f"anchor '{hunk.name}' is {state}"
@@ -374,9 +384,9 @@ def apply_file(fp: FilePatch, original: str) -> str:
     text = original
     for hunk in fp.hunks:
         # Checked on the original above, but a hunk must not create another hunk's anchor either.
-        if text.count(hunk.before) != 1:
+        if _count(text, hunk.before) != 1:
             raise PatchError(f"{fp.path}: anchor '{hunk.name}' is not unique while patching (a bug)")
-        text = text.replace(hunk.before, hunk.after, 1)
+        text = _replace(text, hunk.before, hunk.after)
     compile(text, fp.path, "exec")  # a SyntaxError here is a bug in the hunks
     return text
 
@@ -385,9 +395,9 @@ def revert_file(fp: FilePatch, patched: str) -> str:
     """The 0.29.0 bytes from a patched file, or PatchError if it is not exactly our patch."""
     text = patched
     for hunk in reversed(fp.hunks):
-        if text.count(hunk.after) != 1:
+        if _count(text, hunk.after) != 1:
             raise PatchError(f"{fp.path}: patched text of '{hunk.name}' not found once; left unchanged")
-        text = text.replace(hunk.after, hunk.before, 1)
+        text = _replace(text, hunk.after, hunk.before)
     if sha256_text(text) != fp.sha256:
         raise PatchError(f"{fp.path}: removing the patch does not give {VERSION}'s file back; left unchanged")
     return text
