@@ -27,9 +27,9 @@ description:
     for on-demand and flex-start, C(TPUV5sPreemptibleLitepodPerProjectPerZoneForTPUAPI) for spot).
   - When the node is gone (flex-start ran its duration, a spot node was preempted) or the queued
     resource is over (C(FAILED), C(SUSPENDING), C(SUSPENDED)), the next run deletes what is left and
-    asks again, with RV(changed=true) and the reason in RV(recreated_because) and a warning.
+    asks again, with C(changed=true) and the reason in RV(recreated_because) and a warning.
   - The accelerator type, runtime version and provisioning model of an existing node are compared;
-    a difference fails the run and names it (a TPU VM cannot change them: delete it and converge).
+    a difference fails the run and names it (a TPU VM cannot change them; delete it and converge).
     Labels, metadata and tags apply when the node is made and are not compared.
   - V(absent) deletes the queued resource (with C(force), which deletes its node) and any node of
     that name, then reads every zone again and reports in RV(still_costs) what is left that bills.
