@@ -14,6 +14,8 @@ from pathlib import Path
 from tests.conftest import ROOT, VENV_BIN
 
 _RECAP = re.compile(r"^(?P<host>\S+)\s+:\s+(?P<counts>(?:\w+=\d+\s*)+)$", re.MULTILINE)
+# ansible.posix.profile_tasks' closing list (ansible.cfg enables it): "Task name ---- 12.34s".
+_TASK_TIME = re.compile(r"^(?P<task>\S.*?) -{3,} (?P<seconds>\d+\.\d+)s$", re.MULTILINE)
 
 
 @dataclass
@@ -40,6 +42,12 @@ class PlaybookRun:
         if missing:
             raise RecapMissing(f"the PLAY RECAP has no line for {', '.join(missing)}: {sorted(self.recap)}")
         return sum(counts.get(key, 0) for counts in self.recap.values())
+
+    def slowest(self, n: int = 3) -> str:
+        """The n slowest tasks from profile_tasks' closing list, for a figure: where the time went."""
+        summary = self.output[self.output.rfind("=" * 20) :] if "=" * 20 in self.output else ""
+        tasks = [(float(m["seconds"]), m["task"]) for m in _TASK_TIME.finditer(summary)]
+        return "; ".join(f"{task} {seconds:.0f} s" for seconds, task in sorted(tasks, reverse=True)[:n])
 
 
 class RecapMissing(AssertionError):

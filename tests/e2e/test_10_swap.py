@@ -101,7 +101,10 @@ def test_broken_checkpoint_rolls_back_to_the_old_model(local_rig, broken_catalog
     # The old checkpoint, the same version, again: what the rollback put back is what served before.
     assert assert_serving(local_rig.container, local_rig.port, before).target == old.target
     assert chat(local_rig.port, before)["usage"]["completion_tokens"] > 0
-    figure("failed swap rolled back", f"{run.seconds:.0f} s from start to old model answering")
+    figure(
+        "failed swap rolled back",
+        f"{run.seconds:.0f} s from start to old model answering; slowest tasks: {run.slowest()}",
+    )
 
 
 def test_swap_back_to_the_default(local_rig, figure) -> None:

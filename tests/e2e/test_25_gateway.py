@@ -153,7 +153,10 @@ def test_rolling_swap_through_the_gateway_no_client_notices(gateway, local_rig, 
         run = run_playbook("swap.yml", "-e", f"model={new}", "-e", f"@{keys}", *INVENTORY)
         time.sleep(3)
     assert run.rc == 0, run.output[-6000:]
-    figure(f"rolling swap {old} -> {new} of two rigs through the gateway", f"playbook {run.seconds:.0f} s")
+    figure(
+        f"rolling swap {old} -> {new} of two rigs through the gateway",
+        f"playbook {run.seconds:.0f} s; slowest tasks: {run.slowest()}",
+    )
     figure("latency through the gateway during the swap", latency_figure(load.answers))
     failed = load.failed()
     assert not failed, f"{len(failed)} of {len(load.answers)} failed: {[a.error for a in failed][:5]}"
@@ -287,7 +290,7 @@ def test_a_broken_model_rolls_back_and_the_rig_is_put_back(
     failed = load.failed()
     figure(
         "failed swap through the gateway, rolled back",
-        f"{run.seconds:.0f} s, {len(failed)} of {len(load.answers)} requests failed",
+        f"{run.seconds:.0f} s, {len(failed)} of {len(load.answers)} requests failed; slowest tasks: {run.slowest()}",
     )
     assert not failed, [a.error for a in failed][:5]
     # rig-local is back in service at the gateway, routed for its old model, and answers again.

@@ -1,8 +1,12 @@
 """The recap parser the playbook tests rely on."""
 
+import json
+from pathlib import Path
+
 import pytest
 
-from tests.ansible_run import PlaybookRun, RecapMissing, parse_recap
+from tests.ansible_run import PlaybookRun, RecapMissing, parse_recap, run_playbook
+from tests.conftest import VENV_BIN
 
 OUTPUT = """
 PLAY [x] ****
@@ -48,3 +52,30 @@ def test_every_expected_host_must_be_in_the_recap() -> None:
     assert run.total("changed", hosts=["localhost", "rig-local"]) == 1
     with pytest.raises(RecapMissing, match="no line for rig-b"):
         run.total("changed", hosts=["rig-local", "rig-b"])
+
+
+def test_slowest_reads_profile_tasks_closing_list(tmp_path: Path) -> None:
+    """ansible.cfg's profile_tasks lists every task's time at the end; slowest() names the longest."""
+    play = tmp_path / "play.yml"
+    tasks = [
+        {"name": "Wait a little", "ansible.builtin.command": "sleep 1.2", "changed_when": False},
+        {"name": "Say something", "ansible.builtin.debug": {"msg": "hi"}},
+    ]
+    play.write_text(
+        json.dumps(
+            [
+                {
+                    "hosts": "localhost",
+                    "connection": "local",
+                    "gather_facts": False,
+                    "tasks": tasks,
+                    "vars": {"ansible_python_interpreter": str(VENV_BIN / "python")},
+                }
+            ]
+        )
+    )
+    run = run_playbook(str(play), inventory="localhost,", timeout=120)
+    assert run.rc == 0, run.output[-3000:]
+    first, second = run.slowest(2).split("; ")
+    assert first.startswith("Wait a little ") and first.endswith(" s") and int(first.split()[-2]) >= 1
+    assert second.startswith("Say something ")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -291,3 +292,30 @@ def test_the_openai_sdk_streams_through_the_gateway(gateway: Gateway) -> None:
         openai.OpenAI(
             base_url=f"{gateway.url}/v1", api_key="sk-wrong", max_retries=0, http_client=http
         ).models.list()
+
+
+def test_settle_waits_out_a_reload(gateway: Gateway) -> None:
+    """swap.yml reloads HAProxy, then `settle` waits until no worker of the older configuration is
+    left. Right after the reload the master's socket refuses connections while it re-executes:
+    settle asks again rather than failing. Runs HAProxy as the gateway's unit does (master-worker,
+    -W -S), then puts the fixture's back."""
+    master = gateway.tmp / "master.sock"
+    gateway.stop()
+    cfg = str(gateway.etc / "haproxy.cfg")
+    proc = subprocess.Popen(["haproxy", "-W", "-db", "-S", str(master), "-f", cfg], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while not master.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with gateway.client() as http:
+            assert http.get("/v1/models").status_code == 200
+        proc.send_signal(signal.SIGUSR2)  # what `systemctl reload haproxy` sends the master
+        settled = gateway.ctl("--master-socket", str(master), "settle", "--timeout", "30")
+        assert settled.returncode == 0, settled.stderr
+        assert settled.stdout.strip() == "no older worker"
+        with gateway.client() as http:
+            assert http.get("/v1/models").status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        gateway.start()
