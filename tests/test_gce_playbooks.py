@@ -183,3 +183,49 @@ def test_second_site_yml_against_a_filled_in_api_changes_nothing(
     assert "ok: [rig-test" in task and "changed:" not in task and "FAILED" not in task, task
     assert fake.api.mutating_requests() == after_first  # reads only
     assert "did nothing" in _task_output(out, "gce : Report where the VM landed")
+
+
+def _where(tmp_path: Path) -> Path:
+    """A playbook as the ops playbooks start: find the VMs, then act on the rigs (here: say where)."""
+    play = tmp_path / "where.yml"
+    say = {
+        "msg": "{{ inventory_hostname }} at {{ ansible_host }} in {{ rig_gce_zone }}, user {{ ansible_user }}"
+    }
+    play.write_text(
+        yaml.safe_dump([
+            {"name": "Find", "ansible.builtin.import_playbook": str(ROOT / "playbooks" / "find_gce.yml")},
+            {"name": "Act", "hosts": "rigs", "gather_facts": False,
+             "tasks": [{"name": "Say where", "ansible.builtin.debug": say}]},
+        ])
+    )  # fmt: skip
+    return play
+
+
+def test_a_later_command_finds_the_vm_and_changes_nothing(
+    fake: FakeComputeServer, inventory: Path, tmp_path: Path
+) -> None:
+    """status.yml, swap.yml and the other ops playbooks in a later command than site.yml's: the
+    inventory names the VM only, and find_gce.yml reads its address (read only) before they act."""
+    first = _play("playbooks/provision_gce.yml", inventory, fake)
+    assert "TASK [gce : Wait for SSH on the VM]" in first.stdout, first.stdout[-3000:]
+    (vm,) = fake.api.requests("POST", "/instances")[-1:]
+    writes = len([r for r in fake.api.log if r["method"] != "GET"])
+    later = _play(str(_where(tmp_path)), inventory, fake)
+    out = later.stdout + later.stderr
+    assert later.returncode == 0, out[-3000:]
+    assert re.search(r"rig-test at 203\.0\.113\.\d+ in us-central1-b, user rig", out), out[-3000:]
+    assert len([r for r in fake.api.log if r["method"] != "GET"]) == writes  # nothing created or changed
+    assert vm["body"]["name"] == "rig-test"
+
+
+def test_a_later_command_without_the_vm_says_to_run_site(
+    fake: FakeComputeServer, inventory: Path, tmp_path: Path
+) -> None:
+    later = _play(str(_where(tmp_path)), inventory, fake)
+    out = later.stdout + later.stderr
+    assert later.returncode == 2, out[-3000:]
+    assert "VM rig-test is not in us-central1-a, us-central1-b in project proj: run site.yml" in out, out[
+        -3000:
+    ]
+    assert "Say where" not in out
+    assert not [r for r in fake.api.log if r["method"] != "GET"]
