@@ -37,7 +37,7 @@ def _f(v: Any, fmt: str) -> str:
 
 def _row(run: dict[str, Any]) -> str:
     bench = run.get("bench") or {}
-    cells = [c for c in bench.get("cells") or [] if c.get("median")]
+    cells = [c for c in bench.get("cells") or [] if (c.get("median") or {}).get("output_tok_s") is not None]
     best = max(cells, key=lambda c: c["median"].get("output_tok_s") or 0, default=None)
     peak = f"{best['median']['output_tok_s']:,.1f} @c={best['concurrency']}" if best else "—"
     decode = (bench.get("decode") or {}).get("output_tok_s")

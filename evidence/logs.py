@@ -1,6 +1,7 @@
 """Pull start-up facts out of vLLM's log (``journalctl -u vllm`` text or a plain log file).
 
-Works on the CUDA build's lines (T4) and the CPU build's lines. Every field that no line reports
+Works on the CUDA build's lines (T4), the CPU build's and the TPU build's (vllm-tpu with
+tpu-inference: device memory is HBM, reported in its own lines). Every field that no line reports
 is ``None``: a missing line is never read as zero. When the text holds several starts (a journal
 across restarts), only the last start counts, because that is the process now serving.
 """
@@ -24,7 +25,13 @@ _PATTERNS: dict[str, re.Pattern[str]] = {
     "kv_memory_gpu": re.compile(rf"Available KV cache memory: {_NUM} GiB"),
     # CPU build: "Explicitly set (0.25/9.09) GiB for KV cache on node 0."
     "kv_memory_cpu": re.compile(rf"Explicitly set \({_NUM}/{_NUM}\) GiB for KV cache"),
-    "kv_tokens": re.compile(rf"(?:GPU|CPU) KV cache size: {_NUM} tokens"),
+    "kv_tokens": re.compile(rf"(?:GPU|CPU|TPU) KV cache size: {_NUM} tokens"),
+    # TPU build: "Init model | hbm=[(6.88, 15.75)]GiB" (used, total per chip after loading the
+    # weights) and "Memory statistics | ... | total_hbm_avail_gb=5.72GiB" (what is left for the KV cache).
+    "hbm_after_model": re.compile(rf"Init model \| hbm=\[\({_NUM}, {_NUM}\)"),
+    "hbm_available": re.compile(rf"Memory statistics \|.*\btotal_hbm_avail_gb={_NUM}GiB"),
+    # TPU build: the token buckets it compiles for ("Prepared token paddings: [64, 128, 256, 512]").
+    "token_paddings": re.compile(r"Prepared token paddings: \[([0-9, ]*)\]"),
     "max_concurrency": re.compile(rf"Maximum concurrency for {_NUM} tokens per request: {_NUM}x"),
     "engine_init": re.compile(rf"init engine \(profile, create kv cache, warmup model\) took {_NUM} s"),
     "compile_in_init": re.compile(rf"\(compilation: {_NUM} s\)"),
@@ -66,6 +73,7 @@ FIELDS = (
     "aot_compile_loaded",
     "prefix_caching",
     "server_start_s",
+    "token_paddings",
 )
 
 
@@ -114,6 +122,12 @@ def parse_log(text: str) -> dict[str, Any]:
             facts["weights_loading_s"] = _num(m[1])
         if (m := _PATTERNS["kv_memory_gpu"].search(line)) or (m := _PATTERNS["kv_memory_cpu"].search(line)):
             facts["kv_cache_memory_gib"] = _num(m[1])
+        if m := _PATTERNS["hbm_after_model"].search(line):
+            facts["model_loading_gib"] = _num(m[1])
+        if m := _PATTERNS["hbm_available"].search(line):
+            facts["kv_cache_memory_gib"] = _num(m[1])
+        if m := _PATTERNS["token_paddings"].search(line):
+            facts["token_paddings"] = [_int(x) for x in m[1].split(",") if x.strip()]
         if m := _PATTERNS["kv_tokens"].search(line):
             facts["kv_cache_tokens"] = _int(m[1])
         if m := _PATTERNS["max_concurrency"].search(line):

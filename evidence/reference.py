@@ -75,32 +75,53 @@ T4_ROWS = [
 ]
 
 TPU_NOTES = (
-    "W8A8 card, one TPU v5e chip: output tok/s at 1 / 4 / 16 concurrent requests. The notes do not "
-    "say which input length, the vLLM version or the spread; those are null."
+    "W8A8 card, one TPU v5e chip (max-model-len 2048, max-num-seqs 16): output tok/s at 1 / 4 / 16 "
+    "concurrent requests and the median time to first token at 1. The notes do not say which input "
+    "length, the vLLM version or the spread; those are null."
 )
+# (run id, key, description, output tok/s at 1 / 4 / 16 or None where the card gives none,
+# median time to first token at c=1 in ms, the suite's accuracy in %).
 TPU_ROWS = [
-    ("tpu-v5e-bf16", "bf16", "The bf16 reference checkpoint", (144, 560, 2008)),
-    ("tpu-v5e-w4a16", "w4a16", "W4A16 (as the W8A8 card names it)", (136, 532, 1906)),
+    ("tpu-v5e-bf16", "bf16", "The bf16 reference checkpoint", (144, 560, 2008), 12.6, 68.3),
+    ("tpu-v5e-w4a16", "w4a16", "W4A16 (as the W8A8 card names it)", (136, 532, 1906), 16.2, 67.8),
+    (
+        "tpu-v5e-w8a8-rounded",
+        "w8a8-rounded",
+        "W8A8 rounded from the bf16 weights (int8 per output channel, not from QAT)",
+        None,
+        10.7,
+        67.0,
+    ),
     (
         "tpu-v5e-w8a8-qat",
         "w8a8",
         "W8A8 from QAT (int8 per output channel, step amax/127 per row)",
         (220, 841, 2872),
+        10.4,
+        68.6,
     ),
 ]
+SUITE = "3,880-record multiple-choice suite (13 public subsets), read from top-32 log-probabilities"
+# The card's paired comparisons (bootstrap paired by record id, 2,000 resamples, seed 0,
+# 2.5/97.5 percentiles), on the run of build B; the card gives no interval for W4A16 vs bf16.
 ACCURACY = {
-    "a": "bf16",
-    "b": "w8a8 (from QAT)",
-    "dataset": "3,880-record multiple-choice suite, read by label probability",
-    "records": 3880,
-    "acc_a": 68.3,
-    "acc_b": 68.6,
-    "diff": 0.3,
-    "ci_low": -0.7,
-    "ci_high": 1.3,
-    "seed": None,
-    "n_boot": None,
+    "tpu-v5e-w4a16": [("bf16", "w4a16", 68.3, 67.8, -0.5, None, None)],
+    "tpu-v5e-w8a8-qat": [
+        ("bf16", "w8a8 (from QAT)", 68.3, 68.6, 0.3, -0.7, 1.3),
+        ("w8a8 (rounded from bf16)", "w8a8 (from QAT)", 67.0, 68.6, 1.5, 0.5, 2.6),
+    ],
 }
+
+
+def _accuracy(
+    a: str, b: str, acc_a: float, acc_b: float, diff: float, lo: float | None, hi: float | None
+) -> dict:
+    """One comparison as the card reports it: B - A in points, with its 95% interval."""
+    return {
+        "a": a, "b": b, "dataset": SUITE, "records": 3880, "acc_a": acc_a, "acc_b": acc_b,
+        "diff": diff, "ci_low": lo, "ci_high": hi,
+        "seed": 0 if lo is not None else None, "n_boot": 2000 if lo is not None else None,
+    }  # fmt: skip
 
 
 def _empty_memory(gib: float | None, tokens: int | None) -> dict[str, Any]:
@@ -116,7 +137,7 @@ def _empty_startup() -> dict[str, Any]:
     return {"model_loading_s": None, "engine_init_s": None, "compile_s": None, "linear_kernel": None}
 
 
-def _cell(concurrency: int, tok_s: float, input_len: int | None) -> dict[str, Any]:
+def _cell(concurrency: int, tok_s: float | None, input_len: int | None) -> dict[str, Any]:
     return {
         "input_len": input_len,
         "output_len": 128,
@@ -125,7 +146,7 @@ def _cell(concurrency: int, tok_s: float, input_len: int | None) -> dict[str, An
         "status": "ok",
         "reason": None,
         "repeats": [],
-        "median": {"output_tok_s": float(tok_s)},
+        "median": {"output_tok_s": None if tok_s is None else float(tok_s)},
         "spread": None,
     }
 
@@ -177,14 +198,21 @@ def t4_runs() -> list[dict[str, Any]]:
 
 
 def tpu_runs() -> list[dict[str, Any]]:
-    """The TPU v5e sweep (1/4/16), with the paired accuracy figure on the W8A8 run."""
+    """The W8A8 card's table: the v5e sweep (1/4/16), first-token latency, accuracy and comparisons."""
     runs = []
-    for run_id, key, desc, (c1, c4, c16) in TPU_ROWS:
+    for run_id, key, desc, sweep, ttft_ms, score in TPU_ROWS:
+        cells = [_cell(c, t, None) for c, t in zip((1, 4, 16), sweep or (None,), strict=False)]
+        cells[0]["median"]["ttft_ms"] = ttft_ms
         run = {
             "schema_version": 1,
             "run_id": run_id,
             "date": "before 2026-11-29 (not recorded)",
-            "provenance": {"kind": "imported", "source": SOURCE, "notes": TPU_NOTES},
+            "provenance": {
+                "kind": "imported",
+                "source": SOURCE,
+                "notes": f"{TPU_NOTES} Suite accuracy {score}% ({SUITE})."
+                + ("" if sweep else " The card gives no throughput for this build."),
+            },
             "hardware": {"platform": "tpu", "accelerator": "Google TPU v5e (1 chip)"},
             "software": {"vllm_version": None},
             "model": {"key": key, "description": desc},
@@ -193,13 +221,15 @@ def tpu_runs() -> list[dict[str, Any]]:
             "bench": {
                 "method": "vllm bench serve (reference rig)",
                 "prefix_caching": False,
+                "max_num_seqs": 16,
+                "max_model_len": 2048,
                 "settings": {"output_len": 128},
-                "cells": [_cell(1, c1, None), _cell(4, c4, None), _cell(16, c16, None)],
+                "cells": cells,
                 "decode": None,
             },
         }
-        if key == "w8a8":
-            run["accuracy"] = [ACCURACY]
+        if run_id in ACCURACY:
+            run["accuracy"] = [_accuracy(*row) for row in ACCURACY[run_id]]
         runs.append(run)
     return runs
 

@@ -138,3 +138,20 @@ def test_server_start_time_from_vllms_own_timestamps() -> None:
     assert parse_log((FIX / "cpu_tiny_w8a8_restart.log").read_text())["server_start_s"] == 129.0
     # Not listening yet (or the line is absent): missing, not zero.
     assert parse_log((FIX / "t4_emb4_journal.log").read_text())["server_start_s"] is None
+
+
+def test_tpu_build_start_up_lines() -> None:
+    """The TPU build reports device memory as HBM: the weights' share and what is left for the KV
+    cache map to the same fields as the GPU's; its token buckets are a field of their own."""
+    facts = parse_log((FIX / "tpu_w8a8_startup.log").read_text())
+    assert facts["model_loading_gib"] == 6.88  # hbm used after the model, of 15.75 GiB
+    assert facts["kv_cache_memory_gib"] == 5.72  # total_hbm_avail_gb
+    assert facts["kv_cache_tokens"] == 333_344
+    assert (facts["max_concurrency_tokens_per_request"], facts["max_concurrency"]) == (16_384, 20.35)
+    assert (facts["engine_init_s"], facts["compile_s"]) == (308.11, 230.45)
+    assert facts["token_paddings"] == [64, 128, 256, 512]
+    assert facts["non_default_args"]["max_num_batched_tokens"] == 512
+    assert facts["server_start_s"] == 313.0  # 21:40:01 to 21:45:14
+    assert facts["linear_kernel"] is None  # the TPU build names no CUDA/CPU kernel
+    # The GPU and CPU builds print no paddings line: None there, never an empty list.
+    assert parse_log("INFO 11-29 21:40:09 [x.py:1] GPU KV cache size: 10 tokens")["token_paddings"] is None

@@ -157,13 +157,24 @@ def test_imported_t4_rows_match_facts_table() -> None:
             assert got == _num(facts[key])
 
 
-def test_imported_tpu_sweep_matches_facts() -> None:
+def test_imported_tpu_card_matches_facts() -> None:
+    """Every row of the W8A8 card's table (docs/measurements.md) and both paired comparisons."""
     text = FACTS.read_text()
-    for run in tpu_runs():
+    rows = re.findall(r"^\| ([^|]+) \| ([^|]+) \| ([\d.]+) ms \| ([\d.]+)% \|$", text, re.M)
+    assert len(rows) == len(tpu_runs()) == 4
+    for run, (_, sweep, ttft, score) in zip(tpu_runs(), rows, strict=True):
         tok = [c["median"]["output_tok_s"] for c in run["bench"]["cells"]]
-        assert " / ".join(f"{int(t):,}" for t in tok) in text, run["run_id"]
-    acc = tpu_runs()[-1]["accuracy"][0]
-    assert f"+{acc['diff']}, 95% range {acc['ci_low']} to +{acc['ci_high']}" in text
+        if sweep.strip() == "not given":
+            assert tok == [None], run["run_id"]
+        else:
+            assert " / ".join(f"{int(t):,}" for t in tok) == sweep.strip(), run["run_id"]
+        assert run["bench"]["cells"][0]["median"]["ttft_ms"] == float(ttft)
+        assert f"Suite accuracy {score}%" in run["provenance"]["notes"]
+    qat = tpu_runs()[-1]["accuracy"]
+    assert [a["a"] for a in qat] == ["bf16", "w8a8 (rounded from bf16)"]
+    for acc in qat:
+        assert f"+{acc['diff']}, 95% range {acc['ci_low']:+} to +{acc['ci_high']}" in " ".join(text.split())
+        assert (acc["n_boot"], acc["seed"], acc["records"]) == (2000, 0, 3880)
 
 
 def test_index_is_current_and_lists_every_run(repo_root: Path) -> None:
