@@ -5,6 +5,8 @@ inventory and roles, for:
 
 - ``local``: host ``rig-local`` of inventory/local.yml (the default profile);
 - ``gce``: host ``gemma-rig-1`` of inventory/gce.yml (the T4 profile);
+- ``tpu``: host ``gemma-tpu-1`` of inventory/tpu.yml (the v5e profile: no clamp check, the
+  tpu-inference patch check, the chip's device nodes, unlimited locked memory, a 30-minute start);
 - ``gce-open``: the gce profile with the endpoint open, an API key and a model with its own
   vLLM args (google-w4a16), so the key, the listen address and the args' order are covered too;
 - ``local-host-flags``: the local profile with one host's changes to its flags (one changed,
@@ -54,6 +56,7 @@ HOST_FLAGS_VARS = {
 CASES = {
     "local": "rig-local",
     "gce": "gemma-rig-1",
+    "tpu": "gemma-tpu-1",
     "gce-open": "golden-gce-open",
     "local-host-flags": "golden-local-host-flags",
 }
@@ -124,7 +127,7 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "vllm_service_start": False,  # nothing is started; the handler restarts nothing
     }
     cmd = [str(VENV_BIN / "ansible-playbook")]
-    for inventory in (ROOT / "inventory" / "local.yml", ROOT / "inventory" / "gce.yml", extra):
+    for inventory in (*(ROOT / "inventory" / f"{name}.yml" for name in ("local", "gce", "tpu")), extra):
         cmd += ["-i", str(inventory)]
     cmd += ["-e", json.dumps(evars), str(playbook)]
     res = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, check=False)
@@ -169,3 +172,25 @@ def test_unit_passes_exactly_the_flag_keys_of_tpu_env(rendered: Path, case: str)
     assert all(key == "RIG_" + flag.upper().replace("-", "_") for flag, key in passed), passed
     assert [key for _, key in passed] == [k for k in keys if k not in ("RIG_MODEL_KEY", "RIG_EXTRA_ARGS")]
     assert keys[-1] == "RIG_EXTRA_ARGS" and exec_start.rstrip().endswith("$RIG_EXTRA_ARGS")
+
+
+def test_tpu_profile_settings(rendered: Path) -> None:
+    """The v5e settings (docs/tpu.md) reach tpu.env and the unit: no T4 clamp, the patch checked."""
+    env = (rendered / "tpu" / "tpu.env").read_text().splitlines()
+    for line in (
+        "RIG_MAX_MODEL_LEN=16384",
+        "RIG_MAX_NUM_SEQS=16",
+        "RIG_MAX_NUM_BATCHED_TOKENS=512",
+        "RIG_GPU_MEMORY_UTILIZATION=0.8",
+        'RIG_LIMIT_MM_PER_PROMPT="{\\"image\\":0,\\"audio\\":0,\\"video\\":0}"',
+        "MIN_TOKEN_BUCKET=64",
+        "VLLM_CACHE_ROOT=/opt1/cache/vllm",
+        "VLLM_XLA_CACHE_PATH=/opt1/cache/vllm/xla_cache",
+    ):
+        assert line in env, f"{line!r} not in tpu.env: {env}"
+    assert not any(k.startswith(("RIG_DTYPE=", "RIG_KV_CACHE_DTYPE=")) for k in env)
+    unit = (rendered / "tpu" / "vllm.service").read_text()
+    assert "clamp-check" not in unit and "swap-check" not in unit
+    assert "tpu_inference_patch.py check --python /opt1/venv/bin/python" in unit
+    assert "TimeoutStartSec=1800" in unit and "LimitMEMLOCK=infinity" in unit
+    assert "DeviceAllow=char-vfio rw" in unit and "PrivateDevices=no" in unit
