@@ -20,15 +20,19 @@ PYTHON_312 = Path(os.environ.get("MOLECULE_TPU_PYTHON_PREFIX", "/root/.pyenv/ver
 
 
 @pytest.mark.slow
-@pytest.mark.molecule
+@pytest.mark.molecule("tpu")
 @pytest.mark.timeout(1800)
 def test_molecule_tpu() -> None:
     """`molecule test -s tpu` passes end to end, and shows what it skipped and why."""
-    if not (PYTHON_312 / "bin" / "python3.12").exists():
-        pytest.skip(f"no CPython 3.12 at {PYTHON_312} to mount (set MOLECULE_TPU_PYTHON_PREFIX)")
+    assert (PYTHON_312 / "bin" / "python3.12").exists(), (
+        f"no CPython 3.12 at {PYTHON_312} to mount (set MOLECULE_TPU_PYTHON_PREFIX)"
+    )
     result = run_scenario("tpu")
     assert result.rc == 0, result.tail
     assert "[tpu > idempotence] Executed: Successful" in result.output
     assert "SKIPPED (no TPU)" in result.output
     assert "Not starting vllm: no TPU" in result.output
     assert "vllm.service exposure" in result.output
+    # The patch went onto the installed 0.29.0 files once, and the unit's own check passes.
+    assert "TASK [Run that check as the unit does before each start]" in result.output
+    assert "[tpu > verify] Executed: Successful" in result.output

@@ -30,3 +30,14 @@ def test_module_utils_is_free_of_script_code() -> None:
     text = MODULE_UTILS.read_text()
     assert 'if __name__ == "__main__"' not in text
     assert "import sys" not in text and "import argparse" not in text
+
+
+def test_the_tpu_patch_check_is_the_modules_own_code() -> None:
+    """The tpu unit's ExecStartPre runs the tpu_inference_patch module's own check (its
+    module_utils file as a script), shipped by vllm_service: edit module_utils/tpu_inference_patch.py,
+    then `cp module_utils/tpu_inference_patch.py roles/vllm_service/files/`."""
+    source = ROOT / "module_utils" / "tpu_inference_patch.py"
+    copy = ROOT / "roles" / "vllm_service" / "files" / "tpu_inference_patch.py"
+    assert copy.read_bytes() == source.read_bytes(), (
+        f"copy {source.relative_to(ROOT)} over {copy.relative_to(ROOT)}"
+    )
