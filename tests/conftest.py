@@ -66,7 +66,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if names and not session.config.option.collectonly and os.environ.get("RIG_MOLECULE_EARLY") != "0":
         from tests.molecule_run import start_early
 
-        start_early(list(dict.fromkeys(names)))
+        e2e = any(item.path.parent.name == "e2e" for item in session.items)
+        start_early(list(dict.fromkeys(names)), now=not e2e)  # with e2e: after its cold site.yml
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

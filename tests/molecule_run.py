@@ -1,11 +1,13 @@
 """Run molecule scenarios from tests; each one's log goes to build/molecule-NAME.log.
 
 A scenario converges its own container and shares nothing with the e2e rig, and it mostly waits on
-pip and podman, while the e2e tests mostly wait on vLLM: `start_early` begins the selected scenarios
-(one after another) when collection ends, in a background thread, and each scenario's test then
-waits for its run instead of starting one. The test still asserts on that run's whole output; only
-its reported duration shrinks, by the time the run overlapped other tests. RIG_MOLECULE_EARLY=0
-turns this off (each test then runs its scenario itself).
+pip and podman, while the e2e tests mostly wait on vLLM: `start_early` queues the selected scenarios
+when collection ends, and `release_early` runs them, one after another, in a background thread:
+at once without e2e tests, else once the e2e's cold site.yml is done (tests/e2e/conftest.py), since
+that bring-up downloads and installs as the scenarios do. Each scenario's test then waits for its
+run instead of starting one (and releases the queue itself if nothing did). The test still asserts
+on that run's whole output; only its reported duration shrinks, by the time the run overlapped
+other tests. RIG_MOLECULE_EARLY=0 turns this off (each test then runs its scenario itself).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class _Early:
     done: dict[str, threading.Event] = field(default_factory=dict)
     proc: subprocess.Popen | None = None
     stopped: bool = False
+    released: bool = False
+    timeout: float = 3300
 
 
 _early: _Early | None = None
@@ -68,16 +72,27 @@ def _run(name: str, timeout: float, keep: _Early | None = None) -> ScenarioRun:
     return ScenarioRun(rc, log.read_text(errors="replace"), time.monotonic() - started)
 
 
-def start_early(names: list[str], timeout: float = 3300) -> None:
-    """Run ``names`` one after another in a background thread, from now."""
+def start_early(names: list[str], timeout: float = 3300, now: bool = True) -> None:
+    """Queue ``names`` to run one after another in a background thread: from now, or (``now``
+    false) from `release_early`."""
     global _early
-    early = _early = _Early(list(names), done={n: threading.Event() for n in names})
+    _early = _Early(list(names), done={n: threading.Event() for n in names}, timeout=timeout)
+    if now:
+        release_early()
+
+
+def release_early() -> None:
+    """Start the queued scenarios (once; nothing when none are queued)."""
+    early = _early
+    if early is None or early.released:
+        return
+    early.released = True
 
     def work() -> None:
         for name in early.names:
             if early.stopped:
                 break
-            early.results[name] = _run(name, timeout, keep=early)
+            early.results[name] = _run(name, early.timeout, keep=early)
             early.done[name].set()
 
     threading.Thread(target=work, name="molecule-early", daemon=True).start()
@@ -100,6 +115,7 @@ def run_scenario(name: str, timeout: float = 3300) -> ScenarioRun:
     """`molecule test -s NAME`'s outcome: the early run's when one was started, else a run now."""
     waited = time.monotonic()
     if _early is not None and name in _early.done:
+        release_early()
         if not _early.done[name].wait(timeout):
             raise TimeoutError(f"molecule test -s {name} (started early) did not finish in {timeout:.0f} s")
         result = _early.results[name]

@@ -16,6 +16,7 @@ import pytest
 
 from tests.ansible_run import PlaybookRun, run_playbook
 from tests.e2e.rig import assert_closed, assert_serving, podman, rig_containers, served_models
+from tests.molecule_run import release_early
 
 CONTAINER = "gemma-rig"
 PORT = 8000
@@ -58,6 +59,7 @@ def local_rig() -> LocalRig:
         podman("volume", "rm", "-f", f"{CONTAINER}-data")
         assert CONTAINER not in rig_containers()
     run = run_playbook("site.yml")
+    release_early()  # the molecule scenarios' downloads and installs no longer contend with it
     assert run.rc == 0, run.output[-6000:]
     return LocalRig(CONTAINER, PORT, MODEL, run)
 
