@@ -96,19 +96,28 @@ def pinned_jax() -> str:
     return m.group(1)
 
 
+def _runs(python: str) -> bool:
+    """Whether ``python`` starts (a pyenv shim on PATH may name a version pyenv has not selected)."""
+    try:
+        return (
+            subprocess.run([python, "-c", "pass"], capture_output=True, timeout=60, check=False).returncode
+            == 0
+        )
+    except OSError:
+        return False
+
+
 def _python_312() -> str:
-    """An interpreter >= 3.12: jax 0.11 publishes wheels for those only (the controller has 3.11)."""
-    for name in ("python3.13", "python3.12"):
-        found = shutil.which(name)
-        if found:
-            return found
-    # pyenv's interpreters (this project's machines have them) when none is on PATH.
-    for candidate in sorted(
-        glob.glob(os.path.expanduser("~/.pyenv/versions/3.1[23]*/bin/python3")), reverse=True
-    ):
-        return candidate
+    """An interpreter >= 3.12 that runs: jax 0.11 publishes wheels for those only (the controller
+    has 3.11). pyenv's own builds first (this project's machines have them), then PATH."""
+    candidates = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.1[23]*/bin/python3")), reverse=True)
+    candidates += [found for name in ("python3.13", "python3.12") if (found := shutil.which(name))]
+    for candidate in candidates:
+        if _runs(candidate):
+            return candidate
     raise AssertionError(
-        "no Python 3.12 or newer found (python3.12 on PATH or under ~/.pyenv): jax 0.11 needs one"
+        f"no Python 3.12 or newer that runs (tried {candidates or 'none'}; python3.12 on PATH or under "
+        "~/.pyenv): jax 0.11 needs one"
     )
 
 
