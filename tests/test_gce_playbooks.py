@@ -189,7 +189,7 @@ def _where(tmp_path: Path) -> Path:
     """A playbook as the ops playbooks start: find the VMs, then act on the rigs (here: say where)."""
     play = tmp_path / "where.yml"
     say = {
-        "msg": "{{ inventory_hostname }} at {{ ansible_host }} in {{ rig_gce_zone }}, user {{ ansible_user }}"
+        "msg": "{{ inventory_hostname }} at {{ ansible_host }} in {{ rig_gce_zone | default('(not looked up)') }}, user {{ ansible_user }}"
     }
     play.write_text(
         yaml.safe_dump([
@@ -229,3 +229,22 @@ def test_a_later_command_without_the_vm_says_to_run_site(
     ]
     assert "Say where" not in out
     assert not [r for r in fake.api.log if r["method"] != "GET"]
+
+
+def test_a_host_with_its_own_address_is_left_as_it_is(
+    fake: FakeComputeServer, inventory: Path, tmp_path: Path
+) -> None:
+    """A host the inventory already gives an address is not looked up, and the others still are."""
+    first = _play("playbooks/provision_gce.yml", inventory, fake)
+    assert "TASK [gce : Wait for SSH on the VM]" in first.stdout, first.stdout[-3000:]
+    hosts = yaml.safe_load(inventory.read_text())
+    hosts["rigs"]["children"]["gce"]["hosts"]["rig-pinned"] = {
+        "ansible_host": "198.51.100.7",
+        "ansible_user": "rig",
+    }
+    inventory.write_text(yaml.safe_dump(hosts))
+    later = _play(str(_where(tmp_path)), inventory, fake)
+    out = later.stdout + later.stderr
+    assert later.returncode == 0, out[-3000:]
+    assert re.search(r"rig-test at 203\.0\.113\.\d+ in us-central1-b, user rig", out), out[-3000:]
+    assert "rig-pinned at 198.51.100.7 in (not looked up)" in out, out[-3000:]
