@@ -17,6 +17,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -319,3 +320,51 @@ def test_settle_waits_out_a_reload(gateway: Gateway) -> None:
         proc.terminate()
         proc.wait(timeout=10)
         gateway.start()
+
+
+def test_settle_asks_again_when_the_master_drops_the_connection(tmp_path: Path) -> None:
+    """The master re-executing after a reload can also take a connection and reset it, or close it
+    before it knows its workers (seen in CI). Neither is an answer: settle asks again until the
+    worker list has no old worker. The socket here plays those answers in order; the last two are
+    `show proc` as HAProxy 2.6 prints it (an old worker, then none)."""
+    head = "#<PID>          <type>          <reloads>       <uptime>        <version>\n"
+    master_row = "4100            master          1 [failed: 0]   0d00h00m03s     2.6.12\n"
+    listed = (
+        head
+        + master_row
+        + "# workers\n4157            worker          0               0d00h00m01s     2.6.12\n"
+    )
+    with_old = (
+        listed + "# old workers\n4121            worker          1               0d00h00m03s     2.6.12\n"
+    )
+    answers: list[str | None] = [None, "", with_old, listed]  # None: reset the connection
+    path = tmp_path / "master.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen()
+
+    def serve() -> None:
+        for answer in answers:
+            conn, _ = server.accept()
+            conn.recv(1024)
+            if answer is None:
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            else:
+                conn.sendall(answer.encode())
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        settled = subprocess.run(
+            [str(VENV_BIN / "python"), str(CTL), "--master-socket", str(path), "settle", "--timeout", "20"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        thread.join(timeout=10)
+    finally:
+        server.close()
+    assert settled.returncode == 0, settled.stderr
+    assert settled.stdout.strip() == "no older worker"
+    assert not thread.is_alive(), "settle stopped before the worker list had no old worker"
