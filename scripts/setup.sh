@@ -47,6 +47,9 @@ install_venv() {
   "$VENV/bin/pip" install -q --no-deps -e "$ROOT"
   # The local platform's int4-embedding gather for vLLM's CPU build (roles/vllm/files/vllm_cpu_int4_embedding).
   "$VENV/bin/pip" install -q --no-deps -e "$ROOT/roles/vllm/files/vllm_cpu_int4_embedding"
+  # ... and its fork start for the engine process (roles/vllm/files/vllm_cpu_fork_engine), which the
+  # tests' vLLM servers ask for as the rig does (GEMMA_RIG_ENGINE_START=fork).
+  "$VENV/bin/pip" install -q --no-deps -e "$ROOT/roles/vllm/files/vllm_cpu_fork_engine"
   echo "$want" >"$stamp"
 }
 

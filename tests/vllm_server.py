@@ -59,6 +59,24 @@ RIG_FLAGS = (
 RIG_ENV = {k: str(v) for k, v in _profile().get("rig_vllm_profile_environment", {}).items()}
 
 
+# The API server's pid for each URL `serve` yields, while it serves.
+SERVER_PIDS: dict[str, int] = {}
+
+
+def engine_forked(server_pid: int) -> bool:
+    """Whether the server's engine process is a fork of it, not a spawned interpreter: a fork
+    shares the parent's auxiliary vector (set at exec, randomized by ASLR at each one), and a
+    spawn also leaves multiprocessing's resource tracker beside it."""
+    children = [
+        int(pid) for pid in Path(f"/proc/{server_pid}/task/{server_pid}/children").read_text().split()
+    ]
+    engines = [pid for pid in children if Path(f"/proc/{pid}/comm").read_text().startswith("VLLM::EngineCor")]
+    if len(engines) != 1:
+        raise AssertionError(f"server {server_pid}: engine processes {engines} among children {children}")
+    parent = Path(f"/proc/{server_pid}/auxv").read_bytes()
+    return children == engines and Path(f"/proc/{engines[0]}/auxv").read_bytes() == parent
+
+
 def free_port() -> int:
     """A port nothing listens on: from ``RIG_TEST_PORTS`` when set, else one the OS picks."""
     span = os.environ.get("RIG_TEST_PORTS")
@@ -126,10 +144,12 @@ def serve(
             if time.monotonic() > deadline:
                 raise RuntimeError(f"vLLM not ready after {timeout:.0f} s:\n{log.read_text()[-4000:]}")
             time.sleep(0.5)
+        SERVER_PIDS[url] = proc.pid
         yield url
         if proc.poll() is not None:
             raise RuntimeError(f"vLLM died while in use:\n{log.read_text()[-4000:]}")
     finally:
+        SERVER_PIDS.pop(url, None)
         # The server's whole process group: the API server and its engine core.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)

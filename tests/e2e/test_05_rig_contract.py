@@ -57,20 +57,24 @@ def test_vllm_runs_as_its_own_user(local_rig) -> None:
     assert rig_exec(local_rig.container, "ps", "-o", "user=", "-p", pid).strip() == "vllm"
 
 
-def test_the_plugin_on_the_rig_is_the_source_tree(local_rig) -> None:
+PLUGINS = yaml.safe_load((ROOT / "inventory" / "group_vars" / "local.yml").read_text())["vllm_plugins"]
+
+
+@pytest.mark.parametrize("plugin", PLUGINS, ids=[p["name"] for p in PLUGINS])
+def test_the_plugin_on_the_rig_is_the_source_tree(local_rig, plugin: dict) -> None:
     """The digest recorded beside the plugin's copy is the source tree's, computed by the role's own code
     (a digest of nothing once matched every tree, so a changed plugin was never sent)."""
     code = yaml.safe_load((ROOT / "roles/vllm/vars/main.yml").read_text())["_vllm_tree_digest_code"]
-    source = ROOT / "roles/vllm/files/vllm_cpu_int4_embedding"
+    source = ROOT / "roles/vllm/files" / plugin["src"]
     digest = subprocess.run(
         [sys.executable, "-I", "-c", code, str(source), ".egg-info", "__pycache__"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     assert digest != hashlib.sha256().hexdigest()
-    recorded = rig_exec(local_rig.container, "cat", "/opt1/plugins/vllm-cpu-int4-embedding.sha256").strip()
+    recorded = rig_exec(local_rig.container, "cat", f"/opt1/plugins/{plugin['name']}.sha256").strip()
     assert recorded == digest
-    listed = rig_exec(local_rig.container, "find", "/opt1/plugins/vllm-cpu-int4-embedding", "-name", "*.py")
-    assert "/opt1/plugins/vllm-cpu-int4-embedding/vllm_cpu_int4_embedding/gather.py" in listed.split()
+    listed = rig_exec(local_rig.container, "find", f"/opt1/plugins/{plugin['name']}", "-name", "__init__.py")
+    assert f"/opt1/plugins/{plugin['name']}/{plugin['src']}/__init__.py" in listed.split()
 
 
 def test_vllm_runs_the_model_in_the_engine_process(local_rig) -> None:
@@ -78,6 +82,18 @@ def test_vllm_runs_the_model_in_the_engine_process(local_rig) -> None:
     names = rig_exec(local_rig.container, "ps", "-u", "vllm", "-o", "args=").splitlines()
     assert any(name.startswith("VLLM::EngineCore") for name in names), names
     assert not any("Worker" in name for name in names), names
+
+
+def test_the_engine_process_is_a_fork_of_the_server(local_rig) -> None:
+    """tpu.env's GEMMA_RIG_ENGINE_START=fork reaches the plugin: the engine process shares the
+    server's auxiliary vector (no exec of its own, so no second import of torch and vLLM), and no
+    spawn resource tracker runs beside it."""
+    pid = rig_exec(local_rig.container, "systemctl", "show", "-p", "MainPID", "--value", "vllm").strip()
+    script = (
+        f"c=$(cat /proc/{pid}/task/{pid}/children); set -- $c; [ $# -eq 1 ] || {{ echo children: $c; exit 0; }}; "
+        f'echo "$(cat /proc/$1/comm)"; cmp -s /proc/$1/auxv /proc/{pid}/auxv && echo forked || echo spawned'
+    )
+    assert rig_exec(local_rig.container, "sh", "-c", script).split() == ["VLLM::EngineCor", "forked"]
 
 
 def test_vllm_gets_the_local_profiles_flags_in_order(local_rig) -> None:
