@@ -193,7 +193,7 @@ def _where(tmp_path: Path) -> Path:
     }
     play.write_text(
         yaml.safe_dump([
-            {"name": "Find", "ansible.builtin.import_playbook": str(ROOT / "playbooks" / "find_gce.yml")},
+            {"name": "Find", "ansible.builtin.import_playbook": str(ROOT / "playbooks" / "find_vms.yml")},
             {"name": "Act", "hosts": "rigs", "gather_facts": False,
              "tasks": [{"name": "Say where", "ansible.builtin.debug": say}]},
         ])
@@ -205,7 +205,7 @@ def test_a_later_command_finds_the_vm_and_changes_nothing(
     fake: FakeComputeServer, inventory: Path, tmp_path: Path
 ) -> None:
     """status.yml, swap.yml and the other ops playbooks in a later command than site.yml's: the
-    inventory names the VM only, and find_gce.yml reads its address (read only) before they act."""
+    inventory names the VM only, and find_vms.yml reads its address (read only) before they act."""
     first = _play("playbooks/provision_gce.yml", inventory, fake)
     assert "TASK [gce : Wait for SSH on the VM]" in first.stdout, first.stdout[-3000:]
     (vm,) = fake.api.requests("POST", "/instances")[-1:]

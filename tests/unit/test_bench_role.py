@@ -18,7 +18,7 @@ UNVALIDATED = {"bench_model_dir", "bench_env_file"}
 
 def test_the_playbook_is_a_thin_wrapper() -> None:
     find, play = yaml.safe_load((ROOT / "playbooks" / "bench.yml").read_text())
-    assert find == {"name": "Find the Compute Engine VMs", "ansible.builtin.import_playbook": "find_gce.yml"}
+    assert find == {"name": "Find the cloud VMs", "ansible.builtin.import_playbook": "find_vms.yml"}
     assert play["roles"] == [{"role": "bench"}]
     assert "tasks" not in play and "vars" not in play and "post_tasks" not in play
     assert [t["name"] for t in play["pre_tasks"]] == [

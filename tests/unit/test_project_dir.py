@@ -48,7 +48,7 @@ def test_the_playbooks_read_the_group_vars_file_itself() -> None:
     assert link.is_symlink() and link.resolve() == DEFINITION.resolve()
     for name in ("bench.yml", "accuracy.yml"):
         find, play = yaml.safe_load((ROOT / "playbooks" / name).read_text())
-        assert find["ansible.builtin.import_playbook"] == "find_gce.yml", name  # gce VMs' addresses first
+        assert find["ansible.builtin.import_playbook"] == "find_vms.yml", name  # gce VMs' addresses first
         first = (play.get("pre_tasks") or play["tasks"])[0]
         assert first["ansible.builtin.include_vars"]["file"] == "project.yml", name
         # Only when the inventory lacks it: an inventory's own values keep their precedence.

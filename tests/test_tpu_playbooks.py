@@ -1,0 +1,143 @@
+"""The tpu playbooks against the fake Cloud TPU API (tests/fake_tpu), through the real client.
+
+playbooks/provision_tpu.yml asks for the TPU VM and converges with changed=0; check mode sends no
+write; teardown_tpu.yml removes it; and the ops playbooks in a later command (bench.yml, swap.yml,
+status.yml ...) first run playbooks/find_vms.yml, which reads the VM's address read-only, or says
+to run site.yml when there is none. No SSH server answers here: provisioning runs up to its SSH
+wait (1 s), whose failure names the address it waited on.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT, VENV_BIN
+from tests.fake_tpu import FakeTpuServer, Faults
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeTpuServer]:
+    with FakeTpuServer(Faults(op_delay=0.02, provision_delay=0.1)) as server:
+        yield server
+
+
+@pytest.fixture
+def inventory(tmp_path: Path) -> Path:
+    key = tmp_path / "id_test.pub"
+    key.write_text("ssh-ed25519 AAAAC3NzaTEST rig@test\n")
+    hosts = {
+        "rigs": {
+            "children": {
+                "tpu": {
+                    "hosts": {"tpu-test": None},
+                    "vars": {
+                        "tpu_project": "proj",
+                        "tpu_zones": ["us-west4-a"],
+                        "tpu_ssh_public_key_file": str(key),
+                        "ansible_python_interpreter": "/usr/bin/python3",
+                    },
+                }
+            }
+        }
+    }
+    path = tmp_path / "tpu.yml"
+    path.write_text(yaml.safe_dump(hosts))
+    return path
+
+
+def _play(
+    playbook: str, inventory: Path, fake: FakeTpuServer, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    cmd = [
+        str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), playbook,
+        "-e", f"tpu_api_endpoint={fake.endpoint}", "-e", "tpu_auth_kind=anonymous",
+        "-e", "tpu_ssh_wait_timeout=1", *extra,
+    ]  # fmt: skip
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1")
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False)
+
+
+def _writes(fake: FakeTpuServer) -> list[dict]:
+    return [r for r in fake.api.log if r["method"] != "GET"]
+
+
+def _where(tmp_path: Path) -> Path:
+    """A playbook as the ops playbooks start: find the VMs, then act on the rigs (here: say where)."""
+    play = tmp_path / "where.yml"
+    say = {
+        "msg": "{{ inventory_hostname }} at {{ ansible_host }} in {{ rig_tpu_zone }}, user {{ ansible_user }}"
+    }
+    play.write_text(
+        yaml.safe_dump([
+            {"name": "Find", "ansible.builtin.import_playbook": str(ROOT / "playbooks" / "find_vms.yml")},
+            {"name": "Act", "hosts": "rigs", "gather_facts": False,
+             "tasks": [{"name": "Say where", "ansible.builtin.debug": say}]},
+        ])
+    )  # fmt: skip
+    return play
+
+
+def _provisioned(fake: FakeTpuServer, inventory: Path) -> str:
+    """Provision (up to the SSH wait, which nothing answers here); the node's external address."""
+    run = _play("playbooks/provision_tpu.yml", inventory, fake)
+    out = run.stdout + run.stderr
+    assert "TASK [tpu : Wait for SSH on the TPU VM]" in out, out[-3000:]
+    found = re.search(r"external (34\.125\.\d+\.\d+)", out)
+    assert found, out[-3000:]
+    return found[1]
+
+
+def test_provision_converge_check_and_teardown(fake: FakeTpuServer, inventory: Path) -> None:
+    address = _provisioned(fake, inventory)
+    (qr,) = fake.api.requests("POST", "queuedResources")
+    assert qr["body"]["tpu"]["nodeSpec"][0]["node"]["acceleratorType"] == "v5litepod-1"
+    assert "ssh-ed25519 AAAAC3NzaTEST" in qr["body"]["tpu"]["nodeSpec"][0]["node"]["metadata"]["ssh-keys"]
+    writes = len(_writes(fake))
+
+    again = _play("playbooks/provision_tpu.yml", inventory, fake)
+    out = again.stdout + again.stderr
+    assert "the same node as before" in out and address in out, out[-3000:]
+    assert re.search(r"tpu-test\s+:.*changed=0", out), out[-3000:]
+    check = _play("playbooks/provision_tpu.yml", inventory, fake, "--check")
+    assert check.returncode == 0 and re.search(r"tpu-test\s+:.*changed=0", check.stdout), check.stdout[-3000:]
+    assert len(_writes(fake)) == writes  # neither the converge nor check mode wrote anything
+
+    down = _play("playbooks/teardown_tpu.yml", inventory, fake)
+    assert down.returncode == 0, (down.stdout + down.stderr)[-3000:]
+    assert fake.api.requests("DELETE", "queuedResources/tpu-test")
+
+
+def test_a_later_command_finds_the_vm_and_changes_nothing(
+    fake: FakeTpuServer, inventory: Path, tmp_path: Path
+) -> None:
+    """bench.yml, swap.yml, status.yml ... in a later command than site.yml's: the inventory names
+    the TPU VM only, and find_vms.yml reads its address (read only) before they act."""
+    address = _provisioned(fake, inventory)
+    writes = len(_writes(fake))
+    later = _play(str(_where(tmp_path)), inventory, fake)
+    out = later.stdout + later.stderr
+    assert later.returncode == 0, out[-3000:]
+    assert f"tpu-test at {address} in us-west4-a, user rig" in out, out[-3000:]
+    assert len(_writes(fake)) == writes
+
+
+def test_a_later_command_without_the_vm_says_to_run_site(
+    fake: FakeTpuServer, inventory: Path, tmp_path: Path
+) -> None:
+    later = _play(str(_where(tmp_path)), inventory, fake)
+    out = later.stdout + later.stderr
+    assert later.returncode == 2, out[-3000:]
+    assert "TPU VM tpu-test is not in us-west4-a in project proj: run site.yml" in " ".join(out.split()), out[
+        -3000:
+    ]
+    assert "Say where" not in out
+    assert not _writes(fake)
