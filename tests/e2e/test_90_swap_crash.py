@@ -5,8 +5,10 @@ tiny-emb4 back at the end, so the next file starts from the state it declares.
 The controller is killed (SIGKILL to ansible-playbook and every process under it, as a dead laptop
 would) at each phase of a swap: while pushing, right after the switch, while vLLM restarts. Each
 kill point waits for a marker on the rig (the swap journal's phase, the staged file's size), never a
-sleep. After each kill: one restart of vLLM serves a verified model, so does a reboot of the
-container, and the next swap.yml says what it found and resolves it.
+sleep. After each kill, one start of vLLM serves a verified model: a `systemctl restart` after the
+kills while pushing and while vLLM restarts, a reboot of the container after the kill right after
+the switch (the kill while pushing is rebooted too, after its restart). Then the next swap.yml says
+what it found and resolves it.
 
 The models are two copies of the tiny build under their own keys (`dir` catalog entries), one
 with 40 MiB of padding so that a push can be caught mid-file (rsync --bwlimit).
@@ -226,14 +228,13 @@ def test_killed_right_after_the_switch(rig: Path, tmp_path: Path) -> None:
     kill_controller(proc)
 
     # The switch and the restart are one step on the rig: it goes on without the controller,
-    # and the unverified new model gets its one trial start.
+    # and the unverified new model gets its one trial start. The reboot ends that trial; the boot's
+    # start of vLLM is the next one, and it reverts.
     wait_for("the trial start", lambda: journal().get("phase") == "trial")
-    restart_vllm_once()
-    serves(rig, NEW)  # the old, verified model, within that one restart
+    reboot()
+    serves(rig, NEW)  # the old, verified model, within that one start
     assert journal()["phase"] == "reverted"
     assert rig_sh("readlink /opt1/models/current").strip() == journal()["from_target"]
-    reboot()
-    serves(rig, NEW)
 
     run = swap(OLD, rig)
     assert run.rc == 0, run.output[-6000:]
@@ -259,8 +260,6 @@ def test_killed_while_vllm_restarts(rig: Path, tmp_path: Path) -> None:
     assert f"rig-local already serves {NEW}: nothing to do" in said(run)
     assert journal()["phase"] == "committed"
     restart_vllm_once()
-    serves(rig, NEW)
-    reboot()
     serves(rig, NEW)
 
 
