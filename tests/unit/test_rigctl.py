@@ -4,6 +4,7 @@ The commands themselves run on the e2e rig (tests/e2e/test_30_rigctl_mcp.py)."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,57 @@ def test_bad_arguments_exit_2_with_one_line(capsys) -> None:
         rigctl.main(["logs", "-n", "-1"])
     assert ex.value.code == rigctl.EXIT_USAGE
     assert "must be 0 or more, got -1" in capsys.readouterr().err
+
+
+def _rig_with_checks(tmp_path: Path, *argvs: list[str]):
+    """A Rig whose unit runs ``argvs`` as ExecStartPre (systemctl show's way), read by rigctl."""
+    lines = "".join(
+        f"ExecStartPre={{ path={argv[0]} ; argv[]={' '.join(argv)} ; ignore_errors=no ; status=0/0 }}\n"
+        for argv in argvs
+    )
+    rig = rigctl.Rig.__new__(rigctl.Rig)
+    rig.unit, rig.props = "vllm", rigctl.parse_show(lines)
+    return rig
+
+
+def _check_script(tmp_path: Path, name: str, rc: int, words: str) -> list[str]:
+    script = tmp_path / name
+    script.write_text(f"#!/bin/sh\necho '{words}'\nexit {rc}\n")
+    script.chmod(0o755)
+    return [str(script), "check", "--python", "/opt1/venv/bin/python"]
+
+
+def test_code_checks_on_a_t4_or_local_unit(tmp_path: Path) -> None:
+    rig = _rig_with_checks(
+        tmp_path, _check_script(tmp_path, "clamp-check", 0, "clamp-check: turing clamp present once")
+    )
+    assert rigctl.code_check_lines(rig) == (["clamp: present once"], True)
+
+
+def test_code_checks_on_a_tpu_unit(tmp_path: Path) -> None:
+    """A TPU unit runs the tpu-inference patch check instead of the clamp: rigctl clamp and status
+    report it, worded as status.yml words it."""
+    ok = _rig_with_checks(tmp_path, _check_script(tmp_path, "tpu_inference_patch.py", 0, "patched"))
+    assert rigctl.code_check_lines(ok) == (
+        ["clamp: not used on this platform", "tpu-inference patch: present"],
+        True,
+    )
+    # The real check, against a Python without tpu_inference: it fails and says why.
+    real = [
+        str(ROOT / "roles/vllm_service/files/tpu_inference_patch.py"),
+        "check",
+        "--python",
+        sys.executable,
+    ]
+    lines, passed = rigctl.code_check_lines(_rig_with_checks(tmp_path, [sys.executable, "-I", *real]))
+    assert not passed and lines[0] == "clamp: not used on this platform"
+    assert lines[1].startswith("tpu-inference patch: MISSING: ") and len(lines[1]) > len(
+        "tpu-inference patch: MISSING: "
+    )
+
+
+def test_a_unit_without_code_checks_fails(tmp_path: Path) -> None:
+    lines, passed = rigctl.code_check_lines(_rig_with_checks(tmp_path))
+    assert not passed and lines == [
+        "clamp: MISSING: vllm.service runs no clamp or tpu-inference patch check before vLLM"
+    ]

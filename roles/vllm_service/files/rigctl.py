@@ -166,13 +166,38 @@ class Rig:
         argv = self.exec_pre("swap-journal") or []
         return argv[argv.index("--state-dir") + 1] if "--state-dir" in argv[:-1] else DEFAULT_SWAP_STATE_DIR
 
-    def clamp(self) -> tuple[bool, str]:
-        """(ok, the clamp check's own words), running the unit's own ExecStartPre check."""
-        argv = self.exec_pre("clamp-check")
-        if argv is None:
-            return False, f"{self.unit}.service has no clamp check among its ExecStartPre"
-        res = run(argv)
-        return res.returncode == 0, (res.stdout + res.stderr).strip()
+    # The start-time checks of the code the rig patches, by the platform's unit: the Turing clamp
+    # (T4 and local), the tpu-inference patch (TPU). Each is (name in the report, argv needle).
+    CODE_CHECKS = (("clamp", "clamp-check"), ("tpu-inference patch", "tpu_inference_patch"))
+
+    def code_checks(self) -> list[tuple[str, bool, str]]:
+        """(name, ok, the check's own words) for each code check the unit runs before vLLM starts,
+        running the unit's own ExecStartPre command."""
+        found = []
+        for name, needle in self.CODE_CHECKS:
+            argv = self.exec_pre(needle)
+            if argv is not None:
+                res = run(argv)
+                found.append((name, res.returncode == 0, (res.stdout + res.stderr).strip()))
+        return found
+
+
+def code_check_lines(rig: Rig) -> tuple[list[str], bool]:
+    """One line per code check the unit runs before vLLM (status and `rigctl clamp` word them
+    alike), and whether all passed; a unit with none fails: nothing stops an unpatched start."""
+    checks = rig.code_checks()
+    if not checks:
+        return [
+            f"clamp: MISSING: {rig.unit}.service runs no clamp or tpu-inference patch check before vLLM"
+        ], False
+    names = [name for name, _, _ in checks]
+    lines = [] if "clamp" in names else ["clamp: not used on this platform"]  # status.yml's words
+    for name, ok, words in checks:
+        if name == "clamp":
+            lines.append(f"clamp: {'present once' if ok else 'MISSING OR DUPLICATED: ' + words}")
+        else:
+            lines.append(f"{name}: {'present' if ok else 'MISSING: ' + words}")
+    return lines, all(ok for _, ok, _ in checks)
 
 
 def journal(unit: str, *args: str) -> str:
@@ -218,8 +243,7 @@ def status_lines(rig: Rig) -> tuple[list[str], bool]:
     log = journal(rig.unit, "-o", "cat", f"_SYSTEMD_INVOCATION_ID={invocation}") if invocation else ""
     kv = re.findall(r"KV cache size: ([0-9,]+) tokens", log)
     lines.append(f"KV cache tokens: {kv[-1] if kv else 'not logged yet'}")
-    ok, words = rig.clamp()
-    lines.append(f"clamp: {'present once' if ok else 'MISSING OR DUPLICATED: ' + words}")
+    lines.extend(code_check_lines(rig)[0])
     lines.extend(host_lines())
     return lines, active == "active" and health == 200
 
@@ -347,8 +371,8 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 
 def cmd_clamp(args: argparse.Namespace) -> int:
-    ok, words = Rig(args.unit).clamp()
-    print(f"clamp: {'present once' if ok else 'MISSING OR DUPLICATED: ' + words}")
+    lines, ok = code_check_lines(Rig(args.unit))
+    print("\n".join(lines))
     return EXIT_OK if ok else EXIT_FAILED
 
 
@@ -396,7 +420,12 @@ def parser() -> argparse.ArgumentParser:
         "--max-tokens", type=non_negative, default=512, help="default: %(default)s (Gemma 4 reasons first)"
     )
     p.add_argument("--timeout", type=float, default=600, help="seconds (default: %(default)s)")
-    add("clamp", "Check that the Turing clamp is present exactly once (exit 1 otherwise)", cmd_clamp)
+    add(
+        "clamp",
+        "Run the unit's start-time code checks: the Turing clamp present exactly once (T4, local), "
+        "the tpu-inference patch applied (TPU); exit 1 otherwise",
+        cmd_clamp,
+    )
     return top
 
 
