@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 from collections.abc import Iterator
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT, VENV_BIN
+from tests.cloud_playbooks import find_then_say, play
 from tests.fake_compute import FakeComputeServer, Faults
 
 # Each test starts ansible-playbook (module start-up imports google-cloud-compute: seconds each).
@@ -52,13 +51,7 @@ def inventory(tmp_path: Path) -> Path:
 def _play(
     playbook: str, inventory: Path, fake: FakeComputeServer, *extra: str
 ) -> subprocess.CompletedProcess[str]:
-    cmd = [
-        str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), playbook,
-        "-e", f"gce_api_endpoint={fake.endpoint}", "-e", "gce_auth_kind=anonymous",
-        "-e", "gce_ssh_wait_timeout=1", *extra,
-    ]  # fmt: skip
-    env = dict(os.environ, ANSIBLE_NOCOLOR="1")
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False)
+    return play("gce", playbook, inventory, fake.endpoint, *extra)
 
 
 def test_provision_reaches_the_ssh_wait_with_the_right_body(fake: FakeComputeServer, inventory: Path) -> None:
@@ -186,19 +179,10 @@ def test_second_site_yml_against_a_filled_in_api_changes_nothing(
 
 
 def _where(tmp_path: Path) -> Path:
-    """A playbook as the ops playbooks start: find the VMs, then act on the rigs (here: say where)."""
-    play = tmp_path / "where.yml"
-    say = {
-        "msg": "{{ inventory_hostname }} at {{ ansible_host }} in {{ rig_gce_zone | default('(not looked up)') }}, user {{ ansible_user }}"
-    }
-    play.write_text(
-        yaml.safe_dump([
-            {"name": "Find", "ansible.builtin.import_playbook": str(ROOT / "playbooks" / "find_vms.yml")},
-            {"name": "Act", "hosts": "rigs", "gather_facts": False,
-             "tasks": [{"name": "Say where", "ansible.builtin.debug": say}]},
-        ])
-    )  # fmt: skip
-    return play
+    return find_then_say(
+        tmp_path,
+        "{{ inventory_hostname }} at {{ ansible_host }} in {{ rig_gce_zone | default('(not looked up)') }}, user {{ ansible_user }}",
+    )
 
 
 def test_a_later_command_finds_the_vm_and_changes_nothing(

@@ -9,7 +9,6 @@ wait (1 s), whose failure names the address it waited on.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT, VENV_BIN
+from tests.cloud_playbooks import find_then_say, play
 from tests.fake_tpu import FakeTpuServer, Faults
 
 pytestmark = pytest.mark.slow
@@ -57,13 +56,7 @@ def inventory(tmp_path: Path) -> Path:
 def _play(
     playbook: str, inventory: Path, fake: FakeTpuServer, *extra: str
 ) -> subprocess.CompletedProcess[str]:
-    cmd = [
-        str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), playbook,
-        "-e", f"tpu_api_endpoint={fake.endpoint}", "-e", "tpu_auth_kind=anonymous",
-        "-e", "tpu_ssh_wait_timeout=1", *extra,
-    ]  # fmt: skip
-    env = dict(os.environ, ANSIBLE_NOCOLOR="1")
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False)
+    return play("tpu", playbook, inventory, fake.endpoint, *extra)
 
 
 def _writes(fake: FakeTpuServer) -> list[dict]:
@@ -71,19 +64,10 @@ def _writes(fake: FakeTpuServer) -> list[dict]:
 
 
 def _where(tmp_path: Path) -> Path:
-    """A playbook as the ops playbooks start: find the VMs, then act on the rigs (here: say where)."""
-    play = tmp_path / "where.yml"
-    say = {
-        "msg": "{{ inventory_hostname }} at {{ ansible_host }} in {{ rig_tpu_zone }}, user {{ ansible_user }}"
-    }
-    play.write_text(
-        yaml.safe_dump([
-            {"name": "Find", "ansible.builtin.import_playbook": str(ROOT / "playbooks" / "find_vms.yml")},
-            {"name": "Act", "hosts": "rigs", "gather_facts": False,
-             "tasks": [{"name": "Say where", "ansible.builtin.debug": say}]},
-        ])
-    )  # fmt: skip
-    return play
+    return find_then_say(
+        tmp_path,
+        "{{ inventory_hostname }} at {{ ansible_host }} in {{ rig_tpu_zone }}, user {{ ansible_user }}",
+    )
 
 
 def _provisioned(fake: FakeTpuServer, inventory: Path) -> str:
