@@ -8,13 +8,17 @@ what the one before it left.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.ansible_run import PlaybookRun, run_playbook
+from tests.conftest import ROOT
 from tests.e2e.rig import assert_closed, assert_serving, podman, rig_containers, served_models
 from tests.molecule_run import release_early
 
@@ -100,3 +104,25 @@ def rig_start(request: pytest.FixtureRequest) -> None:
     else:
         assert_serving(rig.container, rig.port, rig.model)
     assert_closed(rig.container)
+
+
+@pytest.fixture
+def broken_catalog(tmp_path: Path, local_rig: LocalRig) -> Path:
+    """The catalog plus `tiny-broken`: a checkpoint whose config no longer matches its weights."""
+    good = ROOT / "build" / "models" / local_rig.model
+    broken = tmp_path / "tiny-broken"
+    shutil.copytree(good, broken)
+    config = json.loads((broken / "config.json").read_text())
+    text = config.get("text_config", config)
+    text["hidden_size"] = text["hidden_size"] * 2  # every weight now has the wrong shape
+    (broken / "config.json").write_text(json.dumps(config, indent=2))
+    catalog = yaml.safe_load((ROOT / "inventory/group_vars/all/models.yml").read_text())
+    catalog["rig_models"]["tiny-broken"] = {
+        "description": "deliberately broken: hidden_size doubled",
+        "source": {"kind": "dir", "path": str(broken)},
+        "vllm_args": [],
+        "size_bytes": 1,
+    }
+    path = tmp_path / "catalog.yml"
+    path.write_text(yaml.safe_dump({"rig_models": catalog["rig_models"]}))
+    return path

@@ -72,6 +72,28 @@ def fact_misses(port: int, model: str) -> list[str]:
     ]
 
 
+# The share of the tiny model's facts each build must answer exactly as the bf16 source does:
+# every one for the lossless int4 build, 90% for W8A8 (int8 rounds the grid's values).
+FACTS_NEEDED = {"tiny-emb4": 1.0, "tiny-w8a8": 0.9}
+
+
+def assert_knows_the_facts(port: int, model: str, figure) -> None:
+    """The served build answers the fact set (greedy) as its rule says; misses are listed."""
+    from repack.tiny_facts import FACTS
+
+    misses = fact_misses(port, model)
+    right = len(FACTS) - len(misses)
+    figure(f"{model} served: facts answered exactly", f"{right}/{len(FACTS)}")
+    assert right >= FACTS_NEEDED[model] * len(FACTS), f"{model} missed {len(misses)}: {misses}"
+
+
+def swap_downtime(output: str) -> float:
+    """The downtime swap.yml reports (its last 'downtime N s'), from a playbook's output."""
+    found = re.findall(r"downtime ([0-9.]+) s", output)
+    assert found, output[-4000:]
+    return float(found[-1])
+
+
 def served_models(port: int) -> list[str]:
     """The model ids /v1/models lists."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10) as response:

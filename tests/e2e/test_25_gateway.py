@@ -1,5 +1,7 @@
 """The gateway in front of the two-rig fleet: a rolling swap through it that no client notices,
-and a rig whose vLLM dies is taken out within the health-check interval.
+a broken model rolled back, and a rig whose vLLM dies is taken out within the health-check
+interval. The rig's own swaps are proven here too (see test_10_swap): W8A8 answering its facts,
+the rollback to the very checkpoint served before, and the plain swap back to the default.
 
 A steady stream of streamed chats goes through the gateway (TLS, an API key) with the official
 `openai` SDK, without its retries: every failure counts. The requests name no model (the gateway
@@ -7,7 +9,7 @@ sends them to any rig up, which answers with its own), so each answer's `model` 
 X-Gemma-Rig header say which rig answered with which model. test_20 hands the fleet over as
 site.yml stood it up (both rigs on tiny-emb4); this file's rolling swap takes both to tiny-w8a8
 (it is the project's only rolling swap: one rig at a time, in the inventory's order), and the
-fixture swaps rig-local back to tiny-emb4 for the files after it.
+last test swaps rig-local back to tiny-emb4 with plain swap.yml for the files after it.
 """
 
 from __future__ import annotations
@@ -27,8 +29,16 @@ import pytest
 from tests.ansible_run import run_playbook
 from tests.conftest import ROOT
 from tests.e2e.conftest import FLEET_INVENTORY
-from tests.e2e.rig import assert_serving, podman, rig_containers, served_models, unit_started_at
-from tests.e2e.test_10_swap import broken_catalog  # noqa: F401  (fixture)
+from tests.e2e.rig import (
+    assert_knows_the_facts,
+    assert_serving,
+    chat,
+    podman,
+    rig_containers,
+    served_models,
+    swap_downtime,
+    unit_started_at,
+)
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_gateway
@@ -166,6 +176,7 @@ def test_rolling_swap_through_the_gateway_no_client_notices(gateway, local_rig, 
     assert not failed, f"{len(failed)} of {len(load.answers)} failed: {[a.error for a in failed][:5]}"
     for container, port in RIGS.values():
         assert_serving(container, port, new)
+    assert_knows_the_facts(local_rig.port, new, figure)
     # Each rig answered with the old model, then only with the new one: it changed at its own swap.
     by_start = sorted(load.answers, key=lambda a: a.start)
     for rig in RIGS:
@@ -286,11 +297,12 @@ def journal_time(container: str, unit: str, pattern: str) -> float:
 def test_a_broken_model_rolls_back_and_the_rig_is_put_back(
     gateway,
     local_rig,
-    broken_catalog,  # noqa: F811
+    broken_catalog,
     figure,
 ) -> None:
     keys, _ = gateway
     served = served_models(local_rig.port)[0]
+    old = assert_serving(local_rig.container, local_rig.port, served)
     b_started = unit_started_at("gemma-rig-b")
     with Load() as load:
         time.sleep(2)
@@ -313,11 +325,13 @@ def test_a_broken_model_rolls_back_and_the_rig_is_put_back(
     assert status["rig-local"]["state"].startswith("UP") and status["rig-local"]["model"] == served, status
     last = [a.rig for a in sorted(load.answers, key=lambda a: a.start)[-4:]]
     assert "rig-local" in last, last
-    assert_serving(local_rig.container, local_rig.port, served)
+    # The old checkpoint, the same version, again: what the rollback put back is what served before.
+    assert assert_serving(local_rig.container, local_rig.port, served).target == old.target
+    assert chat(local_rig.port, served)["usage"]["completion_tokens"] > 0
 
 
 def test_a_dead_rig_is_taken_out_within_the_check_interval(gateway, figure) -> None:
-    """Last: rig-b is left dead (systemd restarts it; the fixture removes it)."""
+    """rig-b is left dead (systemd restarts it; the fixture removes it)."""
     with Load(max_tokens=48) as load:
         time.sleep(4)
         kill = podman("exec", "gemma-rig-b", "systemctl", "kill", "--signal=SIGKILL", "vllm")
@@ -346,3 +360,19 @@ def test_a_dead_rig_is_taken_out_within_the_check_interval(gateway, figure) -> N
     ]
     assert len(failed) <= len(on_b)
     assert all(a.rig == "rig-local" for a in load.answers if a.start > down)
+
+
+def test_swap_back_to_the_default_answers_its_facts(gateway, local_rig, figure) -> None:
+    """Last: plain swap.yml (the default inventory: rig-local alone, no gateway) takes rig-local
+    back to what site.yml serves, as the files after this one expect; emb4 answers every fact."""
+    served = served_models(local_rig.port)[0]
+    assert served != local_rig.model  # the rolling swap went away from it
+    run = run_playbook("swap.yml", "-e", f"model={local_rig.model}")
+    assert run.rc == 0, run.output[-6000:]
+    figure(
+        f"swap {served} -> {local_rig.model}",
+        f"downtime {swap_downtime(run.output):.1f} s, playbook {run.seconds:.0f} s",
+    )
+    assert f"rig-local: {served} -> {local_rig.model}" in run.output
+    assert_serving(local_rig.container, local_rig.port, local_rig.model)
+    assert_knows_the_facts(local_rig.port, local_rig.model, figure)
