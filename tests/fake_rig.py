@@ -5,7 +5,10 @@ It answers what the gateway and its clients use, the way vLLM 0.29 does: ``GET /
 /v1/chat/completions``, plain or streamed as server-sent events (``stream: true``), each answer
 naming the served model. A request naming another model is vLLM's 404; one without a model is
 served. Streams send their first chunk at once and the rest after ``stream_pause`` seconds, so a
-client can tell whether anything between them buffered the response. Every request is logged
+client can tell whether anything between them buffered the response. With ``lockstep`` set, a
+stream sends ``max_tokens`` chunks instead, each after the first only once the client has released
+the semaphore: a client that releases it on each chunk it reads times every hop through whatever
+lies between them. Every request is logged
 with its path, model and Authorization header.
 """
 
@@ -25,6 +28,7 @@ class FakeRig:
         self.model = model
         self.stream_pause = stream_pause
         self.healthy = True
+        self.lockstep: threading.Semaphore | None = None
         self.log: list[dict] = []
         rig = self
 
@@ -88,8 +92,13 @@ class FakeRig:
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
-                for n, text in enumerate(["Par", "is"]):
-                    if n:
+                lockstep = rig.lockstep
+                texts = [f"t{n}" for n in range(body.get("max_tokens", 2))] if lockstep else ["Par", "is"]
+                for n, text in enumerate(texts):
+                    if n and lockstep:
+                        if not lockstep.acquire(timeout=10):
+                            return  # the client stopped reading: cut the stream
+                    elif n:
                         time.sleep(rig.stream_pause)
                     self._chunk(
                         {

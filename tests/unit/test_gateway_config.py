@@ -16,6 +16,7 @@ import shutil
 import signal
 import socket
 import ssl
+import statistics
 import subprocess
 import threading
 import time
@@ -218,6 +219,33 @@ def test_streams_pass_unbuffered(gateway: Gateway) -> None:
     assert json.loads(first[6:])["choices"][0]["delta"]["content"] == "Par"
     assert rest[-1] == "data: [DONE]"
     assert first_at < pause / 2 < done_at, (first_at, done_at)
+
+
+def test_each_chunk_is_passed_on_at_once(gateway: Gateway) -> None:
+    """A token's chunk reaches the client without waiting for the next one. The rig sends each
+    chunk only after the client read the one before (FakeRig.lockstep), so a hop is one chunk's
+    way through the gateway: a proxy that held a lone chunk for more data to come (a buffer to
+    fill, or the kernel's corking timer, about 200 ms) would show in every hop."""
+    rig = gateway.rigs["fake-a"]
+    rig.lockstep = threading.Semaphore(0)
+    tokens = 12
+    hops: list[float] = []
+    body = {"model": "tiny-emb4", "messages": [], "stream": True, "max_tokens": tokens}
+    try:
+        with gateway.client() as client, client.stream("POST", "/v1/chat/completions", json=body) as response:
+            last = time.monotonic()
+            for line in response.iter_lines():
+                if line.startswith("data: {") and '"content"' in line:
+                    now = time.monotonic()
+                    hops.append(now - last)
+                    last = now
+                    rig.lockstep.release()
+    finally:
+        rig.lockstep = None
+    assert len(hops) == tokens, hops
+    # The hops after the first (which includes the request's own way in): a held chunk would cost
+    # a buffer timeout or the kernel's 200 ms each; a passed one takes about a millisecond here.
+    assert statistics.median(hops[1:]) < 0.1, [round(h, 3) for h in hops]
 
 
 def test_drain_route_and_ready(gateway: Gateway) -> None:
