@@ -10,8 +10,10 @@ or the figure compares two rigs, not the gateway. Each round sends --requests ch
 first (direct, gateway; gateway, direct; ...), so that a drift in the machine's load falls on both.
 Every request asks for --max-tokens tokens with ignore_eos, so both sides generate the same work.
 Throughput is the generated tokens over the round's wall time; the figure is the gateway's
-throughput over the direct one's, from the sums over all rounds. The target (docs/gateway.md) is
-a loss of 5% at most at 8 concurrent requests.
+throughput over the direct one's, from the sums over all rounds, with each round's own ratio (its
+gateway share over its direct share) summed up as median, min and max: how far one round's figure
+can be trusted on this machine. The target (docs/gateway.md) is a loss of 5% at most at 8
+concurrent requests.
 
 This is a benchmark, not a test: it prints figures and never fails on them (only on a request that
 fails). tests/e2e/test_25_gateway.py runs it on the local fleet.
@@ -24,6 +26,7 @@ import asyncio
 import datetime as dt
 import json
 import ssl
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -71,12 +74,21 @@ class Result:
         """Gateway throughput over direct throughput (1.0: no cost)."""
         return self.tokens_per_s("gateway") / self.tokens_per_s("direct")
 
+    def round_ratios(self) -> list[float]:
+        """Each round's gateway throughput over the same round's direct throughput."""
+        by_round: list[dict[str, Round]] = [{} for _ in range(len(self.rounds) // 2)]
+        for n, r in enumerate(self.rounds):
+            by_round[n // 2][r.endpoint] = r
+        return [pair["gateway"].tokens_per_s / pair["direct"].tokens_per_s for pair in by_round]
+
     def summary(self) -> str:
         direct, via = self.tokens_per_s("direct"), self.tokens_per_s("gateway")
+        ratios = self.round_ratios()
         return (
             f"c={self.concurrency}, {self.requests} requests x {len(self.rounds) // 2} rounds each, "
             f"{self.max_tokens} tokens each: direct {direct:.1f} tok/s, through the gateway {via:.1f} tok/s, "
-            f"ratio {self.ratio:.3f} ({(1 - self.ratio) * 100:+.1f}% loss)"
+            f"ratio {self.ratio:.3f} ({(1 - self.ratio) * 100:+.1f}% loss); per round: median "
+            f"{statistics.median(ratios):.3f}, min {min(ratios):.3f}, max {max(ratios):.3f}"
         )
 
 
@@ -218,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             "direct_tokens_per_s": result.tokens_per_s("direct"),
             "gateway_tokens_per_s": result.tokens_per_s("gateway"),
             "ratio": result.ratio,
+            "round_ratios": result.round_ratios(),
         }
         out.write_text(json.dumps(record, indent=2) + "\n")
         print(f"recorded {out}")

@@ -48,6 +48,27 @@ def test_rounds_alternate_and_the_key_goes_to_the_gateway_only() -> None:
     assert tokens == 15 and result.tokens_per_s("gateway") == pytest.approx(15 / seconds)
     assert result.ratio == pytest.approx(result.tokens_per_s("gateway") / result.tokens_per_s("direct"))
     assert "c=3" in result.summary() and "ratio" in result.summary()
+    # Each round's ratio pairs the round's two shares, whichever went first.
+    rounds = result.rounds
+    assert result.round_ratios() == [
+        pytest.approx(rounds[1].tokens_per_s / rounds[0].tokens_per_s),
+        pytest.approx(rounds[2].tokens_per_s / rounds[3].tokens_per_s),
+        pytest.approx(rounds[5].tokens_per_s / rounds[4].tokens_per_s),
+    ]
+    assert f"min {min(result.round_ratios()):.3f}" in result.summary()
+
+
+def test_round_ratios_from_known_rounds() -> None:
+    result = bg.Result(8, 4, 2)
+    result.rounds = [
+        bg.Round("direct", 1.0, 100),
+        bg.Round("gateway", 2.0, 100),  # half the direct round's throughput
+        bg.Round("gateway", 1.0, 100),
+        bg.Round("direct", 1.25, 100),  # 1.25 times the direct round's throughput
+    ]
+    assert result.round_ratios() == [pytest.approx(0.5), pytest.approx(1.25)]
+    assert result.ratio == pytest.approx((200 / 3.0) / (200 / 2.25))
+    assert "per round: median 0.875, min 0.500, max 1.250" in result.summary()
 
 
 def test_a_failing_endpoint_stops_the_bench_naming_it() -> None:
@@ -92,4 +113,5 @@ def test_record(tmp_path: Path) -> None:
     record = json.loads((tmp_path / "out" / "t.json").read_text())
     assert record["ratio"] == pytest.approx(record["gateway_tokens_per_s"] / record["direct_tokens_per_s"])
     assert [r["endpoint"] for r in record["rounds"]] == ["direct", "gateway", "gateway", "direct"]
+    assert len(record["round_ratios"]) == 2
     assert "sk-gw" not in (tmp_path / "out" / "t.json").read_text() + done.stdout
