@@ -44,6 +44,8 @@ def test_site_stands_up_a_rig_that_answers(local_rig, figure) -> None:
     assert answer["usage"]["completion_tokens"] > 0
     assert "curl -s http://127.0.0.1:8000/v1/chat/completions" in local_rig.bring_up.output
     assert "answer:" in local_rig.bring_up.output
+    # A task name that fails to template shows as a warning and a garbled name on every run.
+    assert "template error" not in local_rig.bring_up.output, local_rig.bring_up.output[-6000:]
 
 
 def test_second_run_changes_nothing(local_rig, figure) -> None:
@@ -52,6 +54,7 @@ def test_second_run_changes_nothing(local_rig, figure) -> None:
     assert run.rc == 0, run.output[-6000:]
     figure("site.yml re-run on a converged rig", f"{run.seconds:.0f} s, changed={run.total('changed')}")
     assert run.total("changed", hosts=["rig-local"]) == 0, run.output[-6000:]
+    assert "template error" not in run.output, run.output[-6000:]
     assert unit_started_at(local_rig.container) == started
     results = task_results(run)
     assert {name: results.get(name) for name in INSTALL_TASKS} == {
