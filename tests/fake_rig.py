@@ -8,8 +8,7 @@ served. Streams send their first chunk at once and the rest after ``stream_pause
 client can tell whether anything between them buffered the response. With ``lockstep`` set, a
 stream sends ``max_tokens`` chunks instead, each after the first only once the client has released
 the semaphore: a client that releases it on each chunk it reads times every hop through whatever
-lies between them. Every request is logged
-with its path, model and Authorization header.
+lies between them. Every request is logged with its path, model and Authorization header.
 """
 
 from __future__ import annotations
@@ -95,11 +94,10 @@ class FakeRig:
                 lockstep = rig.lockstep
                 texts = [f"t{n}" for n in range(body.get("max_tokens", 2))] if lockstep else ["Par", "is"]
                 for n, text in enumerate(texts):
-                    if n and lockstep:
-                        if not lockstep.acquire(timeout=10):
-                            return  # the client stopped reading: cut the stream
-                    elif n:
+                    if n and lockstep is None:
                         time.sleep(rig.stream_pause)
+                    elif n and not lockstep.acquire(timeout=10):
+                        return  # the client stopped reading: cut the stream
                     self._chunk(
                         {
                             "id": "chatcmpl-fake",
