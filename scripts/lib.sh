@@ -24,3 +24,7 @@ VENV="$ROOT/.venv"
 BUILD="$ROOT/build"
 export CONTAINERS_CONF="$ROOT/files/containers.conf"
 export ANSIBLE_CONFIG="$ROOT/ansible.cfg"
+
+# --help for every script: its leading comment block is its usage.
+usage() { sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"; }
+case "${1:-}" in -h|--help) usage; exit 0 ;; esac

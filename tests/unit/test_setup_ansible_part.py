@@ -42,7 +42,9 @@ def _closure(root: str) -> set[str]:
 
 def _pinned() -> set[str]:
     lines = (ROOT / "requirements.lock").read_text().splitlines()
-    return {canonicalize_name(line.split("==")[0]) for line in lines if "==" in line and not line.startswith("#")}
+    return {
+        canonicalize_name(line.split("==")[0]) for line in lines if "==" in line and not line.startswith("#")
+    }
 
 
 def test_the_ansible_part_is_the_whole_closure_of_ansible() -> None:
