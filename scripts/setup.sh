@@ -110,9 +110,10 @@ main() {
   install_system_packages
   # The images (debootstrap, mostly waiting on the mirror) build while pip fills the virtualenv:
   # on a fresh 2-core machine that overlaps about two minutes of the two.
-  build_images "$@" &
+  # In its own session, so that a failed venv install stops the whole build (debootstrap too).
+  setsid "$ROOT/scripts/setup.sh" --only images "$@" &
   IMAGES_PID=$!
-  trap 'kill "$IMAGES_PID" 2>/dev/null || true' EXIT  # a failed venv install stops the build too
+  trap 'kill -- "-$IMAGES_PID" 2>/dev/null || true' EXIT
   install_venv
   wait "$IMAGES_PID" || die "building the base images failed (see the lines marked [images] above)"
   trap - EXIT
