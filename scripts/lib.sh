@@ -25,6 +25,13 @@ BUILD="$ROOT/build"
 export CONTAINERS_CONF="$ROOT/files/containers.conf"
 export ANSIBLE_CONFIG="$ROOT/ansible.cfg"
 
+# Background jobs, each in its own session (setsid), so that stopping one stops every process it
+# started (debootstrap, pip, ansible-playbook's workers), not just its shell. After
+# `in_background CMD...`, $! is the job's pid; stop_background stops every job started so.
+BACKGROUND=()
+in_background() { setsid "$@" & BACKGROUND+=("$!"); }
+stop_background() { local pid; for pid in "${BACKGROUND[@]}"; do kill -- "-$pid" 2>/dev/null || true; done; }
+
 # --help for every script: its leading comment block is its usage.
 usage() { sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"; }
 case "${1:-}" in -h|--help) usage; exit 0 ;; esac

@@ -46,26 +46,27 @@ ansible_pins() {
   echo "$pins"
 }
 
+sha() { sha256sum | cut -d' ' -f1; }  # the digest of stdin
+stamped() { [ -f "$1" ] && [ "$(cat "$1")" = "$2" ]; }  # stamped FILE DIGEST: FILE holds DIGEST
+
 # The virtualenv, an up-to-date pip and the Ansible part. The rest of the set-up never touches pip
 # or these packages again, so playbooks can run from the virtualenv while the rest installs.
 install_ansible() {
-  local stamp="$VENV/.ansible-sha256" pins want
+  local pins want
   pins=$(ansible_pins)
-  want=$(sha256sum <<<"$pins" | cut -d' ' -f1)
-  [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && return
+  want=$(sha <<<"$pins")
+  stamped "$VENV/.ansible-sha256" "$want" && return
   lock_installed && return
   say "installing Ansible into the controller virtualenv $VENV"
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip
   # shellcheck disable=SC2086  # one pin a word
   "$VENV/bin/pip" install -q --no-deps $pins
-  echo "$want" >"$stamp"
+  echo "$want" >"$VENV/.ansible-sha256"
 }
 
 # True when the whole lock is installed (the stamp install_venv writes last).
-lock_installed() {
-  [ -f "$VENV/.lock-sha256" ] && [ "$(cat "$VENV/.lock-sha256")" = "$(sha256sum "$ROOT/requirements.lock" | cut -d' ' -f1)" ]
-}
+lock_installed() { stamped "$VENV/.lock-sha256" "$(sha <"$ROOT/requirements.lock")"; }
 
 install_venv() {
   lock_installed && return
@@ -84,7 +85,7 @@ install_venv() {
   # ... and its fork start for the engine process (roles/vllm/files/vllm_cpu_fork_engine), which the
   # tests' vLLM servers ask for as the rig does (GEMMA_RIG_ENGINE_START=fork).
   "$VENV/bin/pip" install -q --no-deps -e "$ROOT/roles/vllm/files/vllm_cpu_fork_engine"
-  sha256sum "$ROOT/requirements.lock" | cut -d' ' -f1 >"$VENV/.lock-sha256"
+  sha <"$ROOT/requirements.lock" >"$VENV/.lock-sha256"
 }
 
 build_images() {
@@ -110,10 +111,9 @@ main() {
   install_system_packages
   # The images (debootstrap, mostly waiting on the mirror) build while pip fills the virtualenv:
   # on a fresh 2-core machine that overlaps about two minutes of the two.
-  # In its own session, so that a failed venv install stops the whole build (debootstrap too).
-  setsid "$ROOT/scripts/setup.sh" --only images "$@" &
+  in_background "$ROOT/scripts/setup.sh" --only images "$@"
   IMAGES_PID=$!
-  trap 'kill -- "-$IMAGES_PID" 2>/dev/null || true' EXIT
+  trap stop_background EXIT  # a failed venv install stops the whole build, debootstrap too
   install_venv
   wait "$IMAGES_PID" || die "building the base images failed (see the lines marked [images] above)"
   trap - EXIT

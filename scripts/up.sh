@@ -11,24 +11,19 @@ cd "$ROOT"
 #     model's training and the converters): the very play site.yml runs, so site.yml then finds
 #     it up to date.
 # site.yml starts when both are done.
-BACKGROUND=()
-# Each background path runs in its own session (setsid), so that a failure, Ctrl-C or a kill of
-# up.sh stops the whole path (debootstrap, pip, ansible-playbook's workers), not just its shell.
-stop_background() { for pid in "${BACKGROUND[@]}"; do kill -- "-$pid" 2>/dev/null || true; done; }
+# A failure, Ctrl-C or a kill of up.sh stops both paths whole (in_background, scripts/lib.sh).
 trap stop_background EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
 "$ROOT/scripts/setup.sh" --only packages
-setsid "$ROOT/scripts/setup.sh" --only images bookworm &
+in_background "$ROOT/scripts/setup.sh" --only images bookworm
 IMAGES_PID=$!
-BACKGROUND+=("$IMAGES_PID")
 "$ROOT/scripts/setup.sh" --only ansible
 say "filling the controller virtualenv, then building the served checkpoint, while the rig is set up (log: build/up-controller.log)"
-setsid bash -c '"$1/scripts/setup.sh" --only venv && "$2/bin/ansible-playbook" playbooks/checkpoint.yml "${@:3}"' \
-  up-controller "$ROOT" "$VENV" "$@" >"$BUILD/up-controller.log" 2>&1 &
+in_background bash -c '"$1/scripts/setup.sh" --only venv && "$2/bin/ansible-playbook" playbooks/checkpoint.yml "${@:3}"' \
+  up-controller "$ROOT" "$VENV" "$@" >"$BUILD/up-controller.log" 2>&1
 CONTROLLER_PID=$!
-BACKGROUND+=("$CONTROLLER_PID")
 wait "$IMAGES_PID" || die "building the base image failed (see the lines marked [images] above)"
 "$VENV/bin/ansible-playbook" playbooks/provision.yml playbooks/configure.yml "$@"
 say "waiting for the controller virtualenv and the checkpoint build"
