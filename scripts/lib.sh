@@ -31,6 +31,9 @@ export ANSIBLE_CONFIG="$ROOT/ansible.cfg"
 BACKGROUND=()
 in_background() { setsid "$@" & BACKGROUND+=("$!"); }
 stop_background() { local pid; for pid in "${BACKGROUND[@]}"; do kill -- "-$pid" 2>/dev/null || true; done; }
+# A step the script waits for, yet stops at once on a TERM or Ctrl-C: bash runs a trap only after
+# its foreground command returns, but it interrupts `wait`.
+in_foreground() { in_background "$@"; wait "$!"; }
 
 # --help for every script: its leading comment block is its usage.
 usage() { sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"; }

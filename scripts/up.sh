@@ -11,7 +11,9 @@ cd "$ROOT"
 #     model's training and the converters): the very play site.yml runs, so site.yml then finds
 #     it up to date.
 # site.yml starts when both are done.
-# A failure, Ctrl-C or a kill of up.sh stops both paths whole (in_background, scripts/lib.sh).
+# A failure, Ctrl-C or a kill of up.sh stops both paths, and the step it waits for, whole
+# (in_background and in_foreground, scripts/lib.sh). apt alone runs as a plain step: a stop waits
+# for it to finish rather than leave dpkg half done.
 trap stop_background EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
@@ -19,13 +21,13 @@ trap 'exit 143' TERM
 "$ROOT/scripts/setup.sh" --only packages
 in_background "$ROOT/scripts/setup.sh" --only images bookworm
 IMAGES_PID=$!
-"$ROOT/scripts/setup.sh" --only ansible
+in_foreground "$ROOT/scripts/setup.sh" --only ansible
 say "filling the controller virtualenv, then building the served checkpoint, while the rig is set up (log: build/up-controller.log)"
 in_background bash -c '"$1/scripts/setup.sh" --only venv && "$2/bin/ansible-playbook" playbooks/checkpoint.yml "${@:3}"' \
   up-controller "$ROOT" "$VENV" "$@" >"$BUILD/up-controller.log" 2>&1
 CONTROLLER_PID=$!
 wait "$IMAGES_PID" || die "building the base image failed (see the lines marked [images] above)"
-"$VENV/bin/ansible-playbook" playbooks/provision.yml playbooks/configure.yml "$@"
+in_foreground "$VENV/bin/ansible-playbook" playbooks/provision.yml playbooks/configure.yml "$@"
 say "waiting for the controller virtualenv and the checkpoint build"
 wait "$CONTROLLER_PID" || { tail -n 30 "$BUILD/up-controller.log" >&2; die "filling the virtualenv or building the checkpoint failed (build/up-controller.log)"; }
 trap - EXIT INT TERM
