@@ -8,7 +8,8 @@ served. Streams send their first chunk at once and the rest after ``stream_pause
 client can tell whether anything between them buffered the response. With ``lockstep`` set, a
 stream sends ``max_tokens`` chunks instead, each after the first only once the client has released
 the semaphore: a client that releases it on each chunk it reads times every hop through whatever
-lies between them. Every request is logged with its path, model and Authorization header.
+lies between them. Every request is logged with its path, model and Authorization header, and a POST with its
+``messages`` as the client sent them (what reached the model, byte for byte).
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class FakeRig:
                         "path": self.path,
                         "model": body.get("model"),
                         "authorization": self.headers.get("Authorization"),
+                        "messages": body.get("messages"),
                     }
                 )
                 if body.get("model") and body["model"] != rig.model:
