@@ -1,19 +1,30 @@
 """The gemma-rig MCP server: every rig in the inventory, driven through the project's playbooks.
 
-    python -m rig_mcp [-i inventory/local.yml ...] [--read-only] [--http [--host H] [--port P]]
+    python -m rig_mcp [-i inventory/local.yml ...] [--read-only] [--lock-dir D]
+                      [--http [--host H] [--port P] [--token-file F] [--require-token]
+                              [--allowed-host H:P ...] [--allowed-origin URL ...]]
 
 Runs on the controller. Each tool runs one playbook with ansible-runner (never a shell of its
 own), reports each play and task as an MCP progress notification, and turns a failed play into a
 tool error naming the failing task and its message. Mutating tools hold a per-rig lock
 (rig_mcp.locks). Every result passes through rig_mcp.redact. docs/mcp.md lists the tools.
+
+Every argument is untrusted data: it reaches a playbook as an !unsafe extra variable
+(rig_mcp.playbooks), never as a template, a shell word or an unchecked path. Over HTTP a bearer
+token (--token-file or RIG_MCP_TOKEN) is required off loopback, and Host/Origin are checked.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import hmac
+import ipaddress
+import os
 import re
-import tempfile
-from collections.abc import Callable, Iterator
+import stat
+import sys
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -23,19 +34,22 @@ from typing import Annotated, Any
 import anyio
 import anyio.from_thread
 import anyio.to_thread
+from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types import ToolAnnotations
 from pydantic import Field
 
 from rig_mcp import capacity
-from rig_mcp.locks import Busy, RigLocks
+from rig_mcp.locks import Busy, RigLocks, UnsafeLockDir, default_lock_dir, private_dir
 from rig_mcp.playbooks import ROOT, PlaybookFailed, PlaybookRunner, PlayRun
 from rig_mcp.redact import DEFAULT_PATTERNS, Redactor
 
 SERVER_NAME = "gemma-rig"
 DEFAULT_INVENTORY = "inventory/local.yml"
-DEFAULT_LOCK_DIR = Path(tempfile.gettempdir()) / "gemma-rig-mcp-locks"
+TOKEN_ENV = "RIG_MCP_TOKEN"
 MAX_LOG_LINES = 10000
 # bench(quick=True): one cell and no decode check, about a minute on the local rig.
 QUICK_GRID: dict[str, Any] = {
@@ -57,7 +71,7 @@ MUTATING = ("start", "stop", "restart", "swap", "bench")
 class Config:
     inventories: list[str] = field(default_factory=lambda: [DEFAULT_INVENTORY])
     read_only: bool = False
-    lock_dir: Path = DEFAULT_LOCK_DIR
+    lock_dir: Path = field(default_factory=default_lock_dir)
     runs_dir: Path | None = None  # bench records; None: evidence/runs (and INDEX.md regenerated)
 
 
@@ -155,7 +169,7 @@ class RigServer:
         try:
             with self.locks.hold(rigs, what):
                 yield
-        except Busy as exc:
+        except (Busy, UnsafeLockDir) as exc:
             raise ToolError(str(exc)) from None
 
     # --- tools ---------------------------------------------------------------------------
@@ -374,17 +388,116 @@ TOOLS: dict[str, str] = {
 }
 
 
-def build(config: Config, runner: PlaybookRunner | None = None) -> MCPServer:
-    """The MCP server with its tools (only the read-only ones under ``config.read_only``)."""
+def one_line(text: str, limit: int = 500) -> str:
+    """``text`` on one line (its lines joined with '; '), at most ``limit`` characters."""
+    joined = "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
+    return joined if len(joined) <= limit else joined[: limit - 3] + "..."
+
+
+def guarded(srv: RigServer, name: str, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """``fn``, with every failure a ToolError of one line naming the cause: never the SDK's
+    generic "Error executing tool" (which hides the cause in the server's log)."""
+
+    @functools.wraps(fn)
+    async def tool(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await fn(*args, **kwargs)
+        except ToolError:
+            raise
+        except (PlaybookFailed, Busy, UnsafeLockDir) as exc:
+            raise ToolError(srv.redact(one_line(str(exc)))) from None
+        except Exception as exc:  # the boundary: whatever broke, one clear line
+            cause = one_line(str(exc)) or "no message"
+            raise ToolError(srv.redact(f"{name} failed: {type(exc).__name__}: {cause}")) from None
+
+    return tool
+
+
+class StaticToken:
+    """A TokenVerifier for one shared bearer token (compared in constant time)."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token.encode()
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        if hmac.compare_digest(token.encode(), self._token):
+            return AccessToken(token="rig-mcp", client_id="rig-mcp", scopes=[])
+        return None
+
+
+class StartRefused(Exception):
+    """The server will not start as asked: one line saying why and what to do."""
+
+
+def read_token_file(path: Path) -> str:
+    """The token in ``path``: a regular file (not a symlink) of ours, readable by us alone."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise StartRefused(f"--token-file {path}: {exc.strerror} (a symlink is refused)") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise StartRefused(f"--token-file {path} is not a regular file")
+        if st.st_uid != os.geteuid():
+            raise StartRefused(f"--token-file {path} is owned by uid {st.st_uid}, not {os.geteuid()}")
+        if st.st_mode & 0o077:
+            raise StartRefused(
+                f"--token-file {path} is readable by others (mode {stat.S_IMODE(st.st_mode):04o}): chmod 600 it"
+            )
+        token = f.read(4096).decode("utf-8", "replace").strip()
+    if len(token) < 16:
+        raise StartRefused(f"--token-file {path} holds no token of 16 characters or more")
+    return token
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def http_security(host: str, extra_hosts: list[str], extra_origins: list[str]) -> TransportSecuritySettings:
+    """Host and Origin checks (DNS rebinding): the bind address and the localhost forms, any port,
+    plus what --allowed-host / --allowed-origin add."""
+    names = [f"[{host}]" if ":" in host else host, "127.0.0.1", "localhost", "[::1]"]
+    names = list(dict.fromkeys(names))
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=[f"{n}:*" for n in names] + list(extra_hosts),
+        allowed_origins=[f"http://{n}:*" for n in names] + list(extra_origins),
+    )
+
+
+def build(config: Config, runner: PlaybookRunner | None = None, token: str | None = None) -> MCPServer:
+    """The MCP server with its tools (only the read-only ones under ``config.read_only``); with
+    ``token``, its HTTP transport refuses any request without that bearer token."""
     srv = RigServer(config, runner)
-    mcp = MCPServer(SERVER_NAME, instructions="Operate the gemma-rig inventory: vLLM rigs serving Gemma 4.")
+    auth: dict[str, Any] = {}
+    if token:
+        auth = {
+            # The SDK's resource-server mode: no OAuth flow, the verifier alone decides.
+            "auth": AuthSettings(issuer_url="http://127.0.0.1", resource_server_url=None),
+            "token_verifier": StaticToken(token),
+        }
+    mcp = MCPServer(
+        SERVER_NAME, instructions="Operate the gemma-rig inventory: vLLM rigs serving Gemma 4.", **auth
+    )
     ro = ToolAnnotations(read_only_hint=True, destructive_hint=False)
     rw = ToolAnnotations(read_only_hint=False, destructive_hint=False)
 
     def add(fn: Callable[..., Any], name: str) -> None:
         if config.read_only and name in MUTATING:
             return
-        mcp.add_tool(fn, name=name, description=TOOLS[name], annotations=rw if name in MUTATING else ro)
+        mcp.add_tool(
+            guarded(srv, name, fn),
+            name=name,
+            description=TOOLS[name],
+            annotations=rw if name in MUTATING else ro,
+        )
 
     async def list_rigs() -> list[dict[str, Any]]:
         return await anyio.to_thread.run_sync(srv.list_rigs)
@@ -475,21 +588,78 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--read-only", action="store_true", help="expose only the tools that change nothing")
     p.add_argument(
-        "--lock-dir", type=Path, default=DEFAULT_LOCK_DIR, help="per-rig lock files (default: %(default)s)"
+        "--lock-dir",
+        type=Path,
+        help="per-rig lock files, a directory of this user's alone "
+        "(default: $XDG_RUNTIME_DIR/gemma-rig-mcp, else ~/.cache/gemma-rig/mcp-locks)",
     )
     p.add_argument("--runs-dir", type=Path, help="where bench records go (default: evidence/runs)")
     p.add_argument("--http", action="store_true", help="serve streamable HTTP instead of stdio")
     p.add_argument("--host", default="127.0.0.1", help="HTTP address (default: %(default)s)")
     p.add_argument("--port", type=int, default=8765, help="HTTP port (default: %(default)s)")
+    p.add_argument(
+        "--token-file",
+        type=Path,
+        help=f"HTTP bearer token, in a 0600 file of this user's (or env {TOKEN_ENV}); "
+        "required when --host is not loopback",
+    )
+    p.add_argument(
+        "--require-token", action="store_true", help="refuse to serve HTTP without a token on loopback too"
+    )
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        help="another Host header value to accept (HOST:PORT or HOST:*); default: the bind address and localhost",
+    )
+    p.add_argument(
+        "--allowed-origin",
+        action="append",
+        default=[],
+        help="another Origin header value to accept (e.g. https://example.org); default: http:// of the above",
+    )
     return p
+
+
+def http_token(args: argparse.Namespace) -> str | None:
+    """The bearer token HTTP clients must send, or None; StartRefused when one is needed."""
+    token = read_token_file(args.token_file) if args.token_file else None
+    if token is None and os.environ.get(TOKEN_ENV):
+        token = os.environ[TOKEN_ENV].strip()
+        if len(token) < 16:
+            raise StartRefused(f"{TOKEN_ENV} holds no token of 16 characters or more")
+    if token is None and not is_loopback(args.host):
+        raise StartRefused(
+            f"--host {args.host} is not loopback: give a bearer token with --token-file FILE or {TOKEN_ENV}"
+        )
+    if token is None and args.require_token:
+        raise StartRefused(f"--require-token: give a bearer token with --token-file FILE or {TOKEN_ENV}")
+    return token
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    config = Config(args.inventory or [DEFAULT_INVENTORY], args.read_only, args.lock_dir, args.runs_dir)
-    server = build(config)
+    config = Config(
+        args.inventory or [DEFAULT_INVENTORY],
+        args.read_only,
+        args.lock_dir or default_lock_dir(),
+        args.runs_dir,
+    )
+    try:
+        token = http_token(args) if args.http else None
+        if not config.read_only:
+            private_dir(config.lock_dir)  # refused at start, not on the first mutating call
+    except (StartRefused, UnsafeLockDir) as exc:
+        print(f"rig_mcp: {exc}", file=sys.stderr)
+        return 2
+    server = build(config, token=token)
     if args.http:
-        server.run("streamable-http", host=args.host, port=args.port)
+        server.run(
+            "streamable-http",
+            host=args.host,
+            port=args.port,
+            transport_security=http_security(args.host, args.allowed_host, args.allowed_origin),
+        )
     else:
         server.run("stdio")
     return 0

@@ -1,0 +1,66 @@
+"""The MCP server's real stack for the trust-boundary tests: an inventory of one rig that is a
+FakeRig on this machine, and the server started as a client starts it (the SDK's stdio client)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from mcp import Client, StdioServerParameters
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
+RIG = "rig-fake"
+
+
+def fake_inventory(directory: Path, port: int, **hostvars: Any) -> Path:
+    """An inventory of one rig, reached with a local connection at the FakeRig's 127.0.0.1:port.
+    It lives outside the repository, so the repository's group_vars do not apply: query.yml's
+    inputs (rig_listen_address, rig_port, rig_api_headers, rig_smoke_prompt) are set here."""
+    host = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "rig_platform": "local",
+        "rig_listen_address": "127.0.0.1",
+        "rig_port": port,
+        "rig_api_headers": {},
+        "rig_smoke_prompt": "What is the capital of France?",
+        "rig_model": "tiny-emb4",
+        "rig_models": {"tiny-emb4": {"description": "d", "source": {"kind": "repack"}, "size_bytes": 20}},
+        **hostvars,
+    }
+    path = directory / "fake-rig.yml"
+    path.write_text(yaml.safe_dump({"rigs": {"children": {"local": {"hosts": {RIG: host}}}}}))
+    return path
+
+
+def isolated_env(tmp_path: Path) -> dict[str, str]:
+    """A server environment whose temporary files and home are inside ``tmp_path`` (so a test can
+    search all of them), and nothing else of this process's."""
+    home, tmp = tmp_path / "home", tmp_path / "tmp"
+    home.mkdir(exist_ok=True)
+    tmp.mkdir(exist_ok=True)
+    return {
+        "HOME": str(home),
+        "TMPDIR": str(tmp),
+        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+    }
+
+
+def stdio(args: list[str], env: dict[str, str], cwd: Path = ROOT) -> StdioServerParameters:
+    """``python -m rig_mcp ARGS`` with exactly ``env``: the SDK adds its own default variables to
+    a server's environment, so the command goes through ``env -i``."""
+    pairs = [f"{k}={v}" for k, v in env.items()]
+    return StdioServerParameters(
+        command="/usr/bin/env", args=["-i", *pairs, str(VENV_PYTHON), "-m", "rig_mcp", *args], cwd=str(cwd)
+    )
+
+
+async def call_tools(params: StdioServerParameters, calls: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+    """Each (tool, arguments) in turn over one session; the CallToolResults."""
+    async with Client(params) as client:
+        return [await client.call_tool(name, arguments) for name, arguments in calls]
