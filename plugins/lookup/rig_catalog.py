@@ -71,9 +71,16 @@ _raw:
       description: The converter's build targets (C(repack) entries only; empty otherwise).
       type: list
       elements: str
+    revision:
+      description:
+        - What a C(hub) entry is pulled at - its C(revision), a 40-hex commit, or C(main) for an entry
+          marked C(revision_unpinned) (the pull records the commit it got either way); empty for the
+          other kinds. A branch or tag name is refused - it moves.
+      type: str
 """
 
 import os  # noqa: E402  (Ansible plugins put their documentation first)
+import re  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 
@@ -85,6 +92,7 @@ DEFAULT_CONVERTER = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "repack", "repack_q4_0.py"
 )
 KINDS = {"repack": "qat", "hub": "repo", "dir": "path"}  # each kind and the field it needs
+COMMIT = re.compile(r"[0-9a-f]{40}")  # a hub commit id as the hub API gives it (lower-case hex)
 
 
 def converter_targets(converter: str) -> list[str]:
@@ -114,7 +122,9 @@ def resolve(key: object, catalog: dict, build_dir: str, var: str, converter: str
         raise AnsibleLookupError("the catalog (rig_models) is empty or not a mapping")
     valid = ", ".join(sorted(catalog))
     if not isinstance(key, str) or key not in catalog:
-        raise AnsibleLookupError(f"{var} '{key}' is not in the catalog (rig_models); valid keys: {valid}")
+        raise AnsibleLookupError(
+            f"{var} {str(key)!r} is not in the catalog (rig_models); valid keys: {valid}"
+        )
     entry = catalog[key]
     source = entry.get("source") if isinstance(entry, dict) else None
     kind = source.get("kind") if isinstance(source, dict) else None
@@ -135,8 +145,38 @@ def resolve(key: object, catalog: dict, build_dir: str, var: str, converter: str
                 f"{where}.target must be one of the converter's targets ({'|'.join(targets)}); "
                 f"got {source.get('target')!r}"
             )
+    revision = hub_revision(source, where) if kind == "hub" else ""
     build = {"repack": f"{build_dir}/models/{key}", "dir": str(source.get("path", "")), "hub": ""}[kind]
-    return {"key": key, "entry": entry, "kind": kind, "build_dir": build, "targets": targets}
+    return {
+        "key": key,
+        "entry": entry,
+        "kind": kind,
+        "build_dir": build,
+        "targets": targets,
+        "revision": revision,
+    }
+
+
+def hub_revision(source: dict, where: str) -> str:
+    """A hub entry's pinned commit, or ``main`` where the entry says in so many words it is unpinned."""
+    revision = source.get("revision")
+    unpinned = source.get("revision_unpinned", False)
+    if not isinstance(unpinned, bool):
+        raise AnsibleLookupError(f"{where}.revision_unpinned must be true or false; got {unpinned!r}")
+    if revision is None:
+        if not unpinned:
+            raise AnsibleLookupError(
+                f"{where} is of kind 'hub' and needs a revision (a 40-hex commit) or revision_unpinned: true"
+            )
+        return "main"
+    if unpinned:
+        raise AnsibleLookupError(f"{where} has both a revision and revision_unpinned: true; keep one")
+    if not isinstance(revision, str) or not COMMIT.fullmatch(revision):
+        shown = repr(revision)[:60]
+        raise AnsibleLookupError(
+            f"{where}.revision must be a commit (40 lower-case hex digits), not a branch or tag; got {shown}"
+        )
+    return revision
 
 
 class LookupModule(LookupBase):

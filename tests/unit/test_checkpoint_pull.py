@@ -23,9 +23,18 @@ pytestmark = pytest.mark.slow  # several ansible-playbook runs
 
 TOKEN = "hf_secret_token_for_tests_0123"
 
+STAND_IN_COMMIT = "c0ffee" + "0" * 34
+
 STAND_IN = """
 import json, os
 from pathlib import Path
+from types import SimpleNamespace
+
+class HfApi:
+    def model_info(self, repo_id, revision=None, **kwargs):
+        if os.environ.get("HF_TOKEN") == "bad":
+            raise RuntimeError("401 Unauthorized for token " + os.environ["HF_TOKEN"] + " at " + repo_id)
+        return SimpleNamespace(sha="c0ffee" + "0" * 34)
 
 def snapshot_download(repo_id, revision="main", local_dir=None, **kwargs):
     root = Path(local_dir)
@@ -81,7 +90,7 @@ def test_pull_lands_verified_behind_current_and_is_idempotent(rig: dict[str, Pat
     seen = json.loads((rig["tmp"] / "seen.json").read_text())
     assert seen == {
         "repo": "google/gemma-4-E2B-it-qat-w4a16-ct",
-        "revision": "main",
+        "revision": STAND_IN_COMMIT,  # main, resolved to its commit before the download
         "endpoint": "http://hub-mirror.internal:8080",
         "token": TOKEN,
     }
@@ -90,6 +99,7 @@ def test_pull_lands_verified_behind_current_and_is_idempotent(rig: dict[str, Pat
     target = Path(os.readlink(current))
     assert target.parent == rig["models"] and target.name.startswith("google-w4a16-")
     assert sorted(p.name for p in target.iterdir()) == [
+        "HUB_SOURCE.json",
         "MANIFEST.sha256",
         "config.json",
         "model.safetensors",

@@ -65,12 +65,55 @@ PUBLISHED = {
 @pytest.mark.parametrize(("key", "repo"), sorted(PUBLISHED.items()))
 def test_the_published_builds_are_hub_entries(key: str, repo: str) -> None:
     found = resolve(key)
-    assert found["kind"] == "hub" and found["entry"]["source"] == {"kind": "hub", "repo": repo}
+    assert found["kind"] == "hub" and found["entry"]["source"] == {
+        "kind": "hub", "repo": repo, "revision_unpinned": True,
+    }  # fmt: skip
+    assert found["revision"] == "main"
     assert found["build_dir"] == "" and found["targets"] == []
     # Text-only builds like their repack twins: no tower flag, the same size on disk.
     twin = CATALOG[key.removeprefix("xbill9-")]
     assert found["entry"]["vllm_args"] == twin["vllm_args"] == []
     assert found["entry"]["size_bytes"] == twin["size_bytes"]
+
+
+def test_every_hub_entry_is_pinned_or_says_it_is_not() -> None:
+    hub = {k: e["source"] for k, e in CATALOG.items() if e["source"]["kind"] == "hub"}
+    assert hub
+    for key, source in hub.items():
+        assert resolve(key)["revision"] == source.get("revision", "main"), key
+
+
+COMMIT = "5f1c3a9e0b7d2c4e6f8091a2b3c4d5e6f7a8b9c0"
+
+
+def test_a_pinned_hub_entry_gives_its_commit_and_other_kinds_none() -> None:
+    pinned = {"p": {"source": {"kind": "hub", "repo": "o/m", "revision": COMMIT}}}
+    assert resolve("p", pinned)["revision"] == COMMIT
+    assert resolve("tiny-emb4")["revision"] == ""
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ({}, "needs a revision (a 40-hex commit) or revision_unpinned: true"),
+        (
+            {"revision": "main"},
+            "revision must be a commit (40 lower-case hex digits), not a branch or tag; got 'main'",
+        ),
+        ({"revision": COMMIT[:12]}, "not a branch or tag"),
+        ({"revision": COMMIT.upper()}, "not a branch or tag"),
+        ({"revision": COMMIT + "\nmain"}, "got '" + COMMIT + "\\nmain'"),  # one line, the newline escaped
+        ({"revision": 12345}, "got 12345"),
+        ({"revision_unpinned": "yes"}, "revision_unpinned must be true or false; got 'yes'"),
+        ({"revision": COMMIT, "revision_unpinned": True}, "has both a revision and revision_unpinned"),
+    ],
+)
+def test_a_hub_revision_that_is_not_a_commit_is_refused(source: dict[str, Any], message: str) -> None:
+    """Hostile: a branch or tag (it moves), a short or upper-case id, a smuggled second line."""
+    with pytest.raises(AnsibleLookupError, match=re.escape(message)) as err:
+        resolve("h", {"h": {"source": {"kind": "hub", "repo": "o/m", **source}}})
+    assert "\n" not in str(err.value)
+    assert str(err.value).startswith("rig_models['h'].source")
 
 
 def test_targets_come_from_the_converter_not_a_list_of_our_own(tmp_path: Path) -> None:
@@ -148,13 +191,19 @@ def test_through_ansible(tmp_path: Path, key: str) -> None:
 
 
 def test_no_role_or_playbook_checks_the_catalog_itself() -> None:
-    """The four "is the key in the catalog" asserts and the two build paths are gone: one lookup."""
+    """The four "is the configured key in the catalog" asserts and the two build paths are gone: one lookup.
+
+    A key read back from a rig (tpu.env's RIG_MODEL_KEY) is different: it is data, checked for
+    membership where it is read so the refusal can name the rig and the file; those checks test a
+    fact or a read-back variable, never a key the user configured.
+    """
     sources = [*ROOT.glob("roles/*/*/*.yml"), *ROOT.glob("playbooks/**/*.yml"), ROOT / "swap.yml"]
+    configured = (
+        r"\b(rig_model|model|repack_model|item|rig_config_model|checkpoint_model)\s+in\s+rig_models\b"
+    )
     for path in sources:
         text = path.read_text()
-        assert not re.search(r"\bin rig_models\b", text), (
-            f"{path.relative_to(ROOT)} checks the catalog itself"
-        )
+        assert not re.search(configured, text), f"{path.relative_to(ROOT)} checks the catalog itself"
         assert "'/models/' ~" not in text and "/models/{{ repack_model }}" not in text, path
 
 

@@ -254,3 +254,22 @@ def test_open_endpoint_without_a_good_key_is_refused(tmp_path: Path, key: str) -
     assert rc != 0
     assert "rig_config_api_key (from rig_api_key" in out
     assert not rig.env_file.exists()
+
+
+def test_removing_the_key_never_shows_the_old_one(tmp_path: Path) -> None:
+    """Hostile: the key leaves the configuration, but the tpu.env in place still holds it.
+
+    Before the fix no_log was computed from the NEW configuration only: closing the endpoint and
+    dropping rig_api_key made the write visible, and --diff printed the old file with the key.
+    """
+    rig = Rig(tmp_path, platform="gce")
+    rc, _, out = rig.run(rig_endpoint_open=True, rig_api_key=KEY)
+    assert rc == 0, out
+    assert parse_env(rig.env_file.read_text())["VLLM_API_KEY"] == KEY
+    rc, tasks, out = rig.run("--diff", "-v", rig_endpoint_open=False, rig_api_key="")
+    assert rc == 0, out
+    assert "VLLM_API_KEY" not in parse_env(rig.env_file.read_text())
+    assert KEY not in out
+    assert KEY not in json.dumps(tasks)
+    # What changed is still said, by name.
+    assert "VLLM_API_KEY" in out and "RIG_HOST" in out, out[-3000:]

@@ -6,7 +6,10 @@ Run with the rig's venv Python (huggingface_hub comes with vLLM). The token come
 neither shows in process listings. The role passes the token on stdin: an environment set by
 Ansible is written into the remote command string, which `ps` and -vvv show. A download that was
 interrupted resumes: files already complete are skipped.
-Prints one JSON object: whether any file changed, and how many files the snapshot holds.
+The revision is resolved to its commit first, and the snapshot is downloaded at that commit (a
+branch that moves during the download cannot mix two commits); the commit is written into the
+snapshot as HUB_SOURCE.json, so the manifest made from it records what was pulled.
+Prints one JSON object: whether any file changed, how many files the snapshot holds, the commit.
 """
 
 from __future__ import annotations
@@ -14,8 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
+
+# Written beside the model's files: a file of the checkpoint, so MANIFEST.sha256 lists it.
+SOURCE_FILE = "HUB_SOURCE.json"
+COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 def state(root: Path) -> dict[str, tuple[int, int]]:
@@ -33,7 +41,7 @@ def state(root: Path) -> dict[str, tuple[int, int]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repo", required=True, help="hub id, for example google/gemma-4-E2B-it")
-    parser.add_argument("--revision", default="main", help="branch, tag or commit")
+    parser.add_argument("--revision", required=True, help="a commit (or main, for an unpinned entry)")
     parser.add_argument("--local-dir", required=True, type=Path, help="where the snapshot lives")
     parser.add_argument(
         "--token-stdin", action="store_true", help="read the token from stdin (empty: no token)"
@@ -46,14 +54,25 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["HF_TOKEN"] = token
 
     try:
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import HfApi, snapshot_download
     except ImportError as exc:
         print(f"hub_pull: huggingface_hub is not installed for {sys.executable}: {exc}", file=sys.stderr)
         return 2
     before = state(args.local_dir)
     args.local_dir.mkdir(parents=True, exist_ok=True)
     try:
-        snapshot_download(repo_id=args.repo, revision=args.revision, local_dir=str(args.local_dir))
+        commit = HfApi().model_info(args.repo, revision=args.revision).sha
+        # The hub answers with the commit; anything else is not one to pin or record.
+        if not isinstance(commit, str) or not COMMIT.fullmatch(commit):
+            raise ValueError(f"the hub gave {str(commit)[:60]!r} as the commit of {args.revision[:60]!r}")
+        if COMMIT.fullmatch(args.revision) and commit != args.revision:
+            raise ValueError(f"asked for commit {args.revision}, the hub answered {commit}")
+        snapshot_download(repo_id=args.repo, revision=commit, local_dir=str(args.local_dir))
+        source = json.dumps({"repo": args.repo, "revision": args.revision, "commit": commit}, indent=1) + "\n"
+        target = args.local_dir / SOURCE_FILE
+        if not target.is_file() or target.read_text() != source:
+            target.unlink(missing_ok=True)  # a file of that name from the hub: ours replaces it
+            target.write_text(source)
     except Exception as exc:  # the hub client raises many types; report any of them plainly
         endpoint = os.environ.get("HF_ENDPOINT") or "the default hub"
         reason = f"{type(exc).__name__}: {exc}"
@@ -62,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hub_pull: cannot pull {args.repo}@{args.revision} from {endpoint}: {reason}", file=sys.stderr)
         return 1
     after = state(args.local_dir)
-    print(json.dumps({"changed": before != after, "files": len(after)}))
+    print(json.dumps({"changed": before != after, "files": len(after), "commit": commit}))
     return 0
 
 
