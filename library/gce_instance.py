@@ -186,6 +186,22 @@ options:
     type: list
     elements: str
     default: [https://www.googleapis.com/auth/cloud-platform]
+  known_hosts:
+    description:
+      - A known_hosts file on the controller to pin the VM's SSH host keys in. When set, the VM is
+        made with metadata C(enable-guest-attributes=TRUE), and once it runs the module waits (at
+        most O(host_keys_timeout)) for the keys its guest environment publishes as guest attributes
+        (C(instances.getGuestAttributes), query path C(hostkeys/)), reads them over the API and
+        writes them (mode 0600) under the alias RV(host_key_alias), which names the VM by project,
+        zone, name and id. RV(ssh_common_args) makes SSH accept exactly those keys.
+      - Keys already pinned for the same alias that differ from the published ones fail the run.
+      - Written in check mode too (a later command's read-only lookup needs the pin); it counts as a
+        change only outside check mode.
+    type: path
+  host_keys_timeout:
+    description: Seconds to wait for the VM to publish its host keys (above 0).
+    type: int
+    default: 300
   network:
     description: VPC network name.
     type: str
@@ -360,6 +376,25 @@ data_disk:
   description: The data disk as it stands after the run (name, zone, size_gb, type), or null when none exists.
   returned: always
   type: dict
+id:
+  description: The VM's numeric id (a recreated VM of the same name has another).
+  returned: when the instance exists
+  type: str
+host_key_alias:
+  description: The HostKeyAlias the VM's host keys are pinned under (C(gce/PROJECT/ZONE/NAME/ID)).
+  returned: when O(known_hosts) is set and the VM is running
+  type: str
+host_keys:
+  description: The VM's SSH host keys as read from its guest attributes (C(TYPE BASE64)).
+  returned: when O(known_hosts) is set and the VM is running
+  type: list
+  elements: str
+ssh_common_args:
+  description: >-
+    ssh options for the VM's connection - C(UserKnownHostsFile) (O(known_hosts)),
+    C(StrictHostKeyChecking=yes) and C(HostKeyAlias).
+  returned: when O(known_hosts) is set and the VM is running
+  type: str
 changes:
   description: Changed fields grouped as in_place, stop and recreate.
   returned: when the instance existed
@@ -378,13 +413,15 @@ from ansible.module_utils.gce_client import (
     HAS_GOOGLE,
     IMPORT_ERROR,
     make_clients,
+    to_dict,
 )
 from ansible.module_utils.gce_diff import changes, diff_views, merged, summarize_existing, summarize_wanted
-from ansible.module_utils.gce_errors import GceError
+from ansible.module_utils.gce_errors import GceError, classify_exception, exception_to_error
 from ansible.module_utils.gce_limits import check as check_numbers
 from ansible.module_utils.gce_limits import gpu_problem
 from ansible.module_utils.gce_operations import OPERATION_ERROR_KINDS, get_or_none, start, wait
 from ansible.module_utils.gce_retry import make_retry
+from ansible.module_utils.vm_host_keys import QUERY_PATH, alias, pin, ssh_common_args, wait_for_keys
 
 
 def _last(value: str | None) -> str:
@@ -439,6 +476,8 @@ ARGUMENT_SPEC: dict[str, Any] = dict(
     os_login={"type": "bool"},
     service_account={"type": "str"},
     scopes={"type": "list", "elements": "str", "default": ["https://www.googleapis.com/auth/cloud-platform"]},
+    known_hosts={"type": "path"},
+    host_keys_timeout={"type": "int", "default": 300},
     network={"type": "str", "default": "default"},
     subnetwork={"type": "str"},
     tags={"type": "list", "elements": "str"},
@@ -488,6 +527,21 @@ class Runner:
             if disk:
                 return disk
         return None
+
+    def guest_hostkeys(self, zone: str) -> list[dict[str, Any]] | None:
+        """The VM's ``hostkeys/`` guest attribute entries; None while it has published none (404)."""
+        from google.cloud import compute_v1
+
+        request = compute_v1.GetGuestAttributesInstanceRequest(
+            project=self.project, zone=zone, instance=self.p["name"], query_path=QUERY_PATH
+        )
+        try:
+            attrs = to_dict(self.clients.instances.get_guest_attributes(request=request, retry=self.retry))
+        except Exception as exc:
+            if classify_exception(exc) == "notfound":
+                return None
+            raise exception_to_error(exc, self.project) from exc
+        return (attrs.get("queryValue") or {}).get("items") or []
 
     def status_now(self) -> str:
         """The VM's status as the API reports it now (ABSENT, or UNKNOWN when it cannot be read)."""
@@ -672,6 +726,7 @@ def describe(inst: dict[str, Any] | None) -> dict[str, Any]:
     access = nic.get("accessConfigs") or [{}]
     gpus = inst.get("guestAccelerators") or []
     return {
+        "id": str(inst.get("id", "")),
         "zone": _last(inst.get("zone")),
         "status": inst.get("status", ""),
         "machine_type": _last(inst.get("machineType")),
@@ -797,10 +852,32 @@ def run(module: AnsibleModule, r: Runner) -> dict[str, Any]:
                     r._action(zone, "start")
                     inst = r.find_instance() or inst
         result.update(describe(inst), data_disk=describe_disk(r.find_data_disk()))
+    if p["known_hosts"] and state != "absent" and inst and inst.get("status") == "RUNNING":
+        result.update(host_keys(module, r, inst))
     result.update(actions=r.actions, zones_tried=r.zones_tried)
     for warning in r.warnings:
         module.warn(warning)
     return result
+
+
+def host_keys(module: AnsibleModule, r: Runner, inst: dict[str, Any]) -> dict[str, Any]:
+    """Wait for the running VM's published host keys and pin them; what the result adds."""
+    p = module.params
+    zone, vm_id = _last(inst["zone"]), str(inst.get("id", ""))
+    vm = f"VM {p['name']} (project {r.project}, zone {zone}, id {vm_id})"
+    key_alias = alias("gce", r.project, zone, p["name"], vm_id)
+    poll = min(5.0, max(0.05, p["host_keys_timeout"] / 20))
+    keys = wait_for_keys(lambda: r.guest_hostkeys(zone), vm, p["host_keys_timeout"], poll)
+    out: dict[str, Any] = {
+        "host_key_alias": key_alias,
+        "host_keys": keys,
+        "ssh_common_args": ssh_common_args(p["known_hosts"], key_alias),
+    }
+    if pin(p["known_hosts"], key_alias, keys, vm):
+        r.actions.append(f"pin SSH host keys of {p['name']} in {p['known_hosts']}")
+        if not module.check_mode:
+            out["changed"] = True
+    return out
 
 
 def failure(module: AnsibleModule, r: Runner, err: GceError) -> dict[str, Any]:
@@ -835,6 +912,8 @@ def main() -> None:
         module.fail_json(msg="auth_kind=serviceaccount needs service_account_file")
     if not module.params["zones"]:
         module.fail_json(msg="zones must name at least one zone")
+    if module.params["host_keys_timeout"] <= 0:
+        module.fail_json(msg="host_keys_timeout must be above 0", error_kind="invalid")
     problem = check_numbers(module.params)  # before any request, credentials included
     if problem:
         module.fail_json(msg=problem, error_kind="invalid")

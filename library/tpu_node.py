@@ -112,6 +112,37 @@ options:
     type: list
     elements: str
     default: []
+  service_account:
+    description:
+      - Email of the service account the TPU VM runs as (C(node.serviceAccount.email)), set when the
+        node is made.
+      - Unset - the TPU API cannot make a TPU VM without a service account (an empty email means
+        the project's Compute Engine default account, and an empty scope list means every Cloud
+        API), so the node gets the default account limited to O(service_account_scopes), which by
+        default reach no Cloud API.
+    type: str
+  service_account_scopes:
+    description:
+      - OAuth scopes of the node's service account. The default,
+        C(https://www.googleapis.com/auth/userinfo.email), lets the VM learn its identity and call
+        no Cloud API. An empty list is refused (the API reads it as every Cloud API).
+    type: list
+    elements: str
+    default: [https://www.googleapis.com/auth/userinfo.email]
+  known_hosts:
+    description:
+      - A known_hosts file on the controller to pin the TPU VM's SSH host keys in. The node is made
+        with metadata C(enable-guest-attributes=TRUE); once it is READY the module waits (at most
+        O(host_keys_timeout)) for the host keys worker 0 publishes as guest attributes
+        (C(nodes.getGuestAttributes), query path C(hostkeys/)) and writes them (mode 0600) under
+        the alias RV(host_key_alias), which names the node by project, zone, name and id.
+      - Keys already pinned for the same alias that differ from the published ones fail the run.
+        Written in check mode too (a later command's read-only lookup needs the pin).
+    type: path
+  host_keys_timeout:
+    description: Seconds to wait for the node to publish its host keys (above 0).
+    type: int
+    default: 300
   operation_timeout:
     description: Seconds to wait for each operation and for an ACTIVE queued resource's node to be READY.
     type: int
@@ -237,8 +268,25 @@ left:
   returned: always
   type: list
   elements: str
+id:
+  description: The node's id (a node made again under the same name has another).
+  returned: when the node exists
+  type: str
+host_key_alias:
+  description: The HostKeyAlias the node's host keys are pinned under (C(tpu/PROJECT/ZONE/NAME/ID)).
+  returned: when O(known_hosts) is set and the node is READY
+  type: str
+host_keys:
+  description: The node's SSH host keys as read from its guest attributes (C(TYPE BASE64)).
+  returned: when O(known_hosts) is set and the node is READY
+  type: list
+  elements: str
+ssh_common_args:
+  description: ssh options that accept exactly the pinned keys (UserKnownHostsFile, StrictHostKeyChecking=yes, HostKeyAlias).
+  returned: when O(known_hosts) is set and the node is READY
+  type: str
 error_kind:
-  description: On failure - invalid, auth, quota, stockout, differs, timeout, operation or api.
+  description: On failure - invalid, auth, quota, stockout, differs, timeout, hostkeys, operation or api.
   returned: on failure
   type: str
 quota:
@@ -266,6 +314,7 @@ from ansible.module_utils.tpu_api import (
     make_api,
     quota_for,
 )
+from ansible.module_utils.vm_host_keys import alias, pin, ssh_common_args, wait_for_keys
 
 ARGUMENT_SPEC: dict[str, Any] = dict(
     AUTH_ARGUMENT_SPEC,
@@ -287,6 +336,14 @@ ARGUMENT_SPEC: dict[str, Any] = dict(
     metadata={"type": "dict", "default": {}},
     ssh_keys={"type": "list", "elements": "str", "default": [], "no_log": False},
     tags={"type": "list", "elements": "str", "default": []},
+    service_account={"type": "str"},
+    service_account_scopes={
+        "type": "list",
+        "elements": "str",
+        "default": ["https://www.googleapis.com/auth/userinfo.email"],
+    },
+    known_hosts={"type": "path"},
+    host_keys_timeout={"type": "int", "default": 300},
     operation_timeout={"type": "int", "default": 600},
     poll_interval={"type": "float", "default": 10},
     retry_deadline={"type": "float", "default": 120},
@@ -304,10 +361,18 @@ def node_body(p: dict[str, Any]) -> dict[str, Any]:
     metadata = {str(k): str(v) for k, v in p["metadata"].items()}
     if p["ssh_keys"]:
         metadata["ssh-keys"] = "\n".join(p["ssh_keys"])
+    if p["known_hosts"]:
+        # Worker 0 publishes its SSH host keys as guest attributes (hostkeys/) when this is TRUE.
+        metadata["enable-guest-attributes"] = "TRUE"
+    # Always sent: left out, the API gives the VM the default account with every Cloud API.
+    account: dict[str, Any] = {"scope": list(p["service_account_scopes"])}
+    if p["service_account"]:
+        account["email"] = p["service_account"]
     node: dict[str, Any] = {
         "acceleratorType": p["accelerator_type"],
         "runtimeVersion": p["runtime_version"],
         "networkConfig": {"network": p["network"], "enableExternalIps": p["external_ip"]},
+        "serviceAccount": account,
     }
     if p["labels"]:
         node["labels"] = {str(k): str(v) for k, v in p["labels"].items()}
@@ -377,7 +442,9 @@ def view(
     }
     if node:
         out.update(
-            accelerator_type=node.get("acceleratorType", ""), runtime_version=node.get("runtimeVersion", "")
+            accelerator_type=node.get("acceleratorType", ""),
+            runtime_version=node.get("runtimeVersion", ""),
+            id=str(node.get("id", "")),
         )
     return out
 
@@ -606,10 +673,31 @@ def run(module: AnsibleModule, r: Runner) -> dict[str, Any]:
                 after = view(zone, qr, node, p)
         result.update(after)
         result["diff"] = {"before": diff_view(before), "after": diff_view(after)}
+        replaced_in_check = check and bool(result["recreated_because"])
+        if p["known_hosts"] and node and node.get("state") == "READY" and not replaced_in_check:
+            result.update(host_keys(module, r, zone, node))
     result.update(changed=r.changed, actions=r.actions, zones_tried=r.zones_tried)
     for warning in r.warnings:
         module.warn(warning)
     return result
+
+
+def host_keys(module: AnsibleModule, r: Runner, zone: str, node: dict[str, Any]) -> dict[str, Any]:
+    """Wait for the READY node's published host keys and pin them; what the result adds."""
+    p = module.params
+    node_id = str(node.get("id", ""))
+    vm = f"TPU VM {p['name']} (project {r.api.project}, zone {zone}, id {node_id})"
+    key_alias = alias("tpu", r.api.project, zone, p["name"], node_id)
+    poll = min(r.api.poll_interval, max(0.05, p["host_keys_timeout"] / 20))
+    keys = wait_for_keys(lambda: r.api.guest_hostkeys(zone, p["name"]), vm, p["host_keys_timeout"], poll)
+    if pin(p["known_hosts"], key_alias, keys, vm):
+        r.actions.append(f"pin SSH host keys of {p['name']} in {p['known_hosts']}")
+        r.changed = r.changed or not module.check_mode
+    return {
+        "host_key_alias": key_alias,
+        "host_keys": keys,
+        "ssh_common_args": ssh_common_args(p["known_hosts"], key_alias),
+    }
 
 
 def check_params(p: dict[str, Any]) -> str:
@@ -618,7 +706,16 @@ def check_params(p: dict[str, Any]) -> str:
         return "zones must name at least one zone"
     if p["auth_kind"] == "serviceaccount" and not p["service_account_file"]:
         return "auth_kind=serviceaccount needs service_account_file"
-    for key in ("zone_wait", "operation_timeout", "poll_interval", "retry_deadline", "retry_initial_delay"):
+    if not p["service_account_scopes"]:
+        return "service_account_scopes must name at least one scope (the API reads none as every Cloud API)"
+    for key in (
+        "zone_wait",
+        "operation_timeout",
+        "poll_interval",
+        "retry_deadline",
+        "retry_initial_delay",
+        "host_keys_timeout",
+    ):
         if p[key] <= 0:
             return f"{key} must be above 0, got {p[key]}"
     if p["provisioning_model"] == "flex-start":

@@ -21,6 +21,10 @@ def metadata_items(params: dict[str, Any]) -> dict[str, str]:
         items["ssh-keys"] = "\n".join(params["ssh_keys"])
     if params.get("os_login") is not None:
         items["enable-oslogin"] = "TRUE" if params["os_login"] else "FALSE"
+    if params.get("known_hosts"):
+        # The guest environment publishes the VM's SSH host keys (guest attributes, hostkeys/) only
+        # when this is TRUE; they are how the controller learns them over a trusted channel.
+        items["enable-guest-attributes"] = "TRUE"
     return items
 
 

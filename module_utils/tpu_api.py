@@ -25,6 +25,7 @@ from typing import Any
 
 from ansible.module_utils.gce_client import credentials, to_dict
 from ansible.module_utils.gce_errors import GceError, classify_exception, exception_to_error
+from ansible.module_utils.vm_host_keys import QUERY_PATH
 
 try:
     from google.api_core import exceptions as core_exceptions
@@ -184,6 +185,20 @@ class Api:
             if classify_exception(exc) == "notfound":
                 return None
             raise exception_to_error(exc, self.project) from exc
+
+    def guest_hostkeys(self, zone: str, name: str) -> list[dict[str, Any]] | None:
+        """Worker 0's ``hostkeys/`` guest attribute entries (the worker SSH reaches); None while none."""
+        request = tpu_v2.GetGuestAttributesRequest(
+            name=self.node_name(zone, name), query_path=QUERY_PATH, worker_ids=["0"]
+        )
+        try:
+            reply = to_dict(self.nodes.get_guest_attributes(request=request, retry=self.retry))
+        except Exception as exc:
+            if classify_exception(exc) == "notfound":
+                return None
+            raise exception_to_error(exc, self.project) from exc
+        workers = reply.get("guestAttributes") or []
+        return ((workers[0].get("queryValue") or {}).get("items") or []) if workers else None
 
     def delete_node(self, zone: str, name: str) -> None:
         try:

@@ -19,7 +19,9 @@ def play(
     cmd = [
         str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), playbook,
         "-e", f"{cloud}_api_endpoint={endpoint}", "-e", f"{cloud}_auth_kind=anonymous",
-        "-e", f"{cloud}_ssh_wait_timeout=1", *extra,
+        "-e", f"{cloud}_ssh_wait_timeout=1",
+        # The pinned host keys go next to the test's inventory, never into the user's files.
+        "-e", f"{cloud}_known_hosts_file={inventory.parent / 'known_hosts'}", *extra,
     ]  # fmt: skip
     env = dict(os.environ, ANSIBLE_NOCOLOR="1")
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False)

@@ -42,6 +42,8 @@ def extra(tmp_path: Path) -> Path:
                 "gce_project": "proj",
                 "gce_zones": ["us-central1-a", "us-central1-b"],
                 "gce_ssh_public_key_file": str(key),
+                # The VM's pinned host keys stay with the test, out of the project's build/.
+                "gce_known_hosts_file": str(tmp_path / "known_hosts"),
                 "gateway_source_ranges": ["198.51.100.0/24"],
                 "gateway_api_keys": {"client": KEY},
             }
@@ -87,14 +89,14 @@ def test_gateway_vm_is_small_and_only_its_port_is_open(fake: FakeComputeServer, 
     boot = body["disks"][0]
     assert boot["autoDelete"] is True and boot["initializeParams"]["diskSizeGb"] in (10, "10")
     assert boot["initializeParams"]["diskType"].endswith("/diskTypes/pd-balanced")
-    assert body["tags"]["items"] == ["gemma-gateway"]
+    assert body["tags"]["items"] == ["gemma-gateway", GATEWAY]  # the shared tag, and its own
     assert body["labels"] == {"app": "gemma-rig", "role": "gateway"}
     assert list(fake.api.disks) == [("us-central1-b", GATEWAY)]  # no data disk was made
 
     assert list(fake.api.firewalls) == [f"{GATEWAY}-gateway"]
     rule = fake.api.firewalls[f"{GATEWAY}-gateway"]
     assert rule["allowed"] == [{"IPProtocol": "tcp", "ports": ["8443"]}]  # gateway_port only
-    assert rule["sourceRanges"] == ["198.51.100.0/24"] and rule["targetTags"] == ["gemma-gateway"]
+    assert rule["sourceRanges"] == ["198.51.100.0/24"] and rule["targetTags"] == [GATEWAY]
     assert rule["network"].endswith("/global/networks/default")
     assert KEY not in out
 
@@ -204,3 +206,25 @@ def test_gateway_yml_provisions_the_vm_and_rigs_stay_closed(
     assert ("us-central1-b", GATEWAY) in fake.api.instances
     assert list(fake.api.firewalls) == [f"{GATEWAY}-gateway"]
     assert "sk-rig-0123456789abcdef" not in out and KEY not in out
+
+
+def test_each_vms_rule_targets_only_its_own_tag(fake: FakeComputeServer, extra: Path, tmp_path: Path) -> None:
+    """Two gateway VMs: each rule targets its own VM's tag (the instance name), so one VM's ranges
+    never reach the other's port, and each VM carries only its own among them. (A shared tag, as
+    gce_tags once was the rules' target, opened every VM to every rule's ranges.)"""
+    second = tmp_path / "second.yml"
+    second.write_text(
+        yaml.safe_dump({"gateways": {"children": {"gce_gateways": {"hosts": {"gemma-gateway-2": None}}}}})
+    )
+    result = _play("playbooks/provision_gce_gateways.yml", fake, extra, inventories=(str(second),))
+    out = result.stdout + result.stderr
+    assert out.count("TASK [gce : Wait for SSH on the VM]") >= 1, out[-3000:]
+    rules = fake.api.firewalls
+    assert sorted(rules) == [f"{GATEWAY}-gateway", "gemma-gateway-2-gateway"], out[-3000:]
+    assert rules[f"{GATEWAY}-gateway"]["targetTags"] == [GATEWAY]
+    assert rules["gemma-gateway-2-gateway"]["targetTags"] == ["gemma-gateway-2"]
+    tags = {r["body"]["name"]: r["body"]["tags"]["items"] for r in fake.api.requests("POST", "/instances")}
+    assert tags == {
+        GATEWAY: ["gemma-gateway", GATEWAY],
+        "gemma-gateway-2": ["gemma-gateway", "gemma-gateway-2"],
+    }

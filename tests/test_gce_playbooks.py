@@ -75,7 +75,8 @@ def test_provision_reaches_the_ssh_wait_with_the_right_body(fake: FakeComputeSer
     assert [d["deviceName"] for d in body["disks"]] == ["rig-test", "rig-test-data"]
     assert body["disks"][1]["autoDelete"] is False
     assert {"key": "ssh-keys", "value": "rig:ssh-ed25519 AAAAC3NzaTEST rig@test"} in body["metadata"]["items"]
-    assert body["tags"]["items"] == ["gemma-rig"] and body["labels"] == {"app": "gemma-rig"}
+    # The shared tag, and the VM's own: the only one an endpoint rule of this VM may target.
+    assert body["tags"]["items"] == ["gemma-rig", "rig-test"] and body["labels"] == {"app": "gemma-rig"}
     assert fake.api.firewalls == {} and not fake.api.requests("POST", "/firewalls")  # closed by default
     assert "zone us-central1-a has no capacity" in out
 
@@ -98,33 +99,30 @@ def test_teardown_keeps_the_data_disk_and_says_what_costs(fake: FakeComputeServe
     assert "nothing of this rig still costs money" in gone.stdout
 
 
-def test_opening_the_endpoint_needs_key_and_ranges(
+def test_a_rig_is_never_opened_to_outside_ranges(
     fake: FakeComputeServer, inventory: Path, tmp_path: Path
 ) -> None:
-    refused = _play("playbooks/provision_gce.yml", inventory, fake, "-e", "gce_open_endpoint=true")
-    assert refused.returncode == 2 and "needs rig_api_key" in " ".join(refused.stdout.split())
-    assert fake.api.log == []  # refused before any request
-
+    """vLLM speaks plain HTTP: a rig's endpoint open to outside ranges would carry its key and the
+    prompts in clear. Refused, with key and ranges both set, before any request; the VPC-only
+    endpoint behind a gateway still needs both."""
     secret = "sk-test-0123456789abcdef"
     vars_file = tmp_path / "vault.yml"  # stands in for an ansible-vault file
     vars_file.write_text(
         yaml.safe_dump({"rig_api_key": secret, "gce_endpoint_source_ranges": ["198.51.100.0/24"]})
     )
     opened = _play(
-        "playbooks/provision_gce.yml",
-        inventory,
-        fake,
-        "-e",
-        "gce_open_endpoint=true",
-        "-e",
-        f"@{vars_file}",
-        "-v",
+        "playbooks/provision_gce.yml", inventory, fake, "-e", "gce_open_endpoint=true", "-e", f"@{vars_file}"
     )
-    assert "TASK [gce : Wait for SSH on the VM]" in opened.stdout, opened.stdout
-    rule = fake.api.firewalls["rig-test-endpoint"]
-    assert rule["sourceRanges"] == ["198.51.100.0/24"] and rule["targetTags"] == ["gemma-rig"]
-    assert rule["allowed"] == [{"IPProtocol": "tcp", "ports": ["8000"]}]
-    assert secret not in opened.stdout + opened.stderr
+    out = " ".join((opened.stdout + opened.stderr).split())
+    assert opened.returncode == 2, out[-3000:]
+    assert "would send its API key and prompts in plain HTTP" in out and "docs/gateway.md" in out
+    assert "SSH or IAP tunnel" in out
+    assert fake.api.log == [] and fake.api.firewalls == {}  # refused before any request
+    assert secret not in out
+
+    refused = _play("playbooks/provision_gce.yml", inventory, fake, "-e", "gce_internal_endpoint=true")
+    assert refused.returncode == 2 and "needs rig_api_key" in " ".join(refused.stdout.split())
+    assert fake.api.log == []
 
 
 def test_check_mode_plays_change_nothing(fake: FakeComputeServer, inventory: Path) -> None:
@@ -232,3 +230,28 @@ def test_a_host_with_its_own_address_is_left_as_it_is(
     assert later.returncode == 0, out[-3000:]
     assert re.search(r"rig-test at 203\.0\.113\.\d+ in us-central1-b, user rig", out), out[-3000:]
     assert "rig-pinned at 198.51.100.7 in (not looked up)" in out, out[-3000:]
+
+
+def test_the_vm_is_reached_only_with_its_pinned_host_keys(
+    fake: FakeComputeServer, inventory: Path, tmp_path: Path
+) -> None:
+    """Provisioning pins the VM's keys (from the Compute API's guest attributes) next to the
+    inventory, and the host, then and in a later command, gets ssh args that accept those only."""
+    first = _play("playbooks/provision_gce.yml", inventory, fake)
+    assert "TASK [gce : Wait for SSH on the VM]" in first.stdout, first.stdout[-3000:]
+    known_hosts = inventory.parent / "known_hosts"
+    inst = fake.api.instances[("us-central1-b", "rig-test")]
+    alias = f"gce/proj/us-central1-b/rig-test/{inst['id']}"
+    assert sorted(known_hosts.read_text().splitlines()) == sorted(
+        f"{alias} {k} {v}" for k, v in fake.api.host_keys[inst["id"]].items()
+    )
+    (tmp_path / "later").mkdir()
+    later = _play(
+        str(find_then_say(tmp_path / "later", "ARGS {{ ansible_ssh_common_args }}")), inventory, fake
+    )
+    out = " ".join((later.stdout + later.stderr).split())
+    assert later.returncode == 0, out[-3000:]
+    assert f"-o UserKnownHostsFile={known_hosts}" in out and "-o StrictHostKeyChecking=yes" in out, out[
+        -3000:
+    ]
+    assert f"-o HostKeyAlias={alias}" in out, out[-3000:]

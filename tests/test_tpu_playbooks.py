@@ -60,7 +60,8 @@ def _play(
 
 
 def _writes(fake: FakeTpuServer) -> list[dict]:
-    return [r for r in fake.api.log if r["method"] != "GET"]
+    # nodes.getGuestAttributes is a read the API takes as a POST (its body is the query).
+    return [r for r in fake.api.log if r["method"] != "GET" and not r["path"].endswith(":getGuestAttributes")]
 
 
 def _where(tmp_path: Path) -> Path:
@@ -125,3 +126,27 @@ def test_a_later_command_without_the_vm_says_to_run_site(
     ]
     assert "Say where" not in out
     assert not _writes(fake)
+
+
+def test_the_tpu_vm_is_reached_only_with_its_pinned_host_keys(
+    fake: FakeTpuServer, inventory: Path, tmp_path: Path
+) -> None:
+    """Provisioning pins the node's keys (from the Cloud TPU API's guest attributes) next to the
+    inventory, and a later command's host gets ssh args that accept those keys only."""
+    _provisioned(fake, inventory)
+    known_hosts = inventory.parent / "known_hosts"
+    (node,) = fake.api.nodes.values()
+    alias = f"tpu/proj/us-west4-a/tpu-test/{node['id']}"
+    assert sorted(known_hosts.read_text().splitlines()) == sorted(
+        f"{alias} {k} {v}" for k, v in fake.api.host_keys[node["id"]].items()
+    )
+    (tmp_path / "later").mkdir()
+    later = _play(
+        str(find_then_say(tmp_path / "later", "ARGS {{ ansible_ssh_common_args }}")), inventory, fake
+    )
+    out = " ".join((later.stdout + later.stderr).split())
+    assert later.returncode == 0, out[-3000:]
+    assert f"-o UserKnownHostsFile={known_hosts}" in out and "-o StrictHostKeyChecking=yes" in out, out[
+        -3000:
+    ]
+    assert f"-o HostKeyAlias={alias}" in out, out[-3000:]

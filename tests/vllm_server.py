@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import yaml
@@ -101,9 +101,12 @@ def tiny_build(root: Path, seed: int, target: str = "text", train: bool = True) 
     return out
 
 
-def _served_name(url: str) -> str | None:
+def _served_name(url: str, key: str = "") -> str | None:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
-        with urllib.request.urlopen(url + "/v1/models", timeout=5) as r:
+        with urllib.request.urlopen(
+            urllib.request.Request(url + "/v1/models", headers=headers), timeout=5
+        ) as r:
             return json.loads(r.read())["data"][0]["id"]
     except OSError:
         return None
@@ -118,12 +121,15 @@ def serve(
     extra_args: Sequence[str] = (),
     timeout: float = START_TIMEOUT_S,
     dtype: str = RIG_DTYPE,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[str]:
     """Serve ``model`` as ``name`` until the block ends; yield ``http://127.0.0.1:PORT``.
 
     vLLM's output goes to ``log`` so tests can read the real start-up lines. Ready means
-    /v1/models lists ``name``; an early exit or a timeout raises with the log's tail.
+    /v1/models lists ``name``; an early exit or a timeout raises with the log's tail. ``env`` adds
+    to the profile's environment (asked with its VLLM_API_KEY, when it sets one).
     """
+    env = {**RIG_ENV, **(env or {})}
     port = port or free_port()
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
@@ -134,11 +140,11 @@ def serve(
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
         proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **RIG_ENV}
+            cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **env}
         )
     try:
         deadline = time.monotonic() + timeout
-        while _served_name(url) != name:
+        while _served_name(url, env.get("VLLM_API_KEY", "")) != name:
             if proc.poll() is not None:
                 raise RuntimeError(f"vLLM exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
             if time.monotonic() > deadline:

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.ansible_run import PlaybookRun, run_playbook
 from tests.conftest import ROOT
@@ -83,11 +84,15 @@ def connect(port: int) -> str:
     return res.stdout.strip() or res.stderr.strip()
 
 
-def status_code(path: str = "/v1/models", key: str | None = None) -> str:
-    """HTTP status of GET path from the client; the key goes to curl on stdin, as the docs say."""
+def status_code(path: str = "/v1/models", key: str | None = None, method: str = "GET") -> str:
+    """HTTP status of METHOD path from the client; the key goes to curl on stdin, as the docs say.
+    A POST carries a chat request (vLLM's /invocations runs one); --path-as-is sends `..` unresolved."""
     header = '-H @- <<< "Authorization: Bearer $K"' if key else ""
+    if method == "POST":
+        chat = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        header += f" -X POST -H 'Content-Type: application/json' --data {shlex.quote(chat)} --path-as-is"
     res = from_ns(
-        f"curl -sS -o /dev/null -w '%{{http_code}}' --max-time 20 {header} http://{HOST_IP}:8000{path}",
+        f"curl -sS -o /dev/null -w '%{{http_code}}' --max-time 60 {header} http://{HOST_IP}:8000{path}",
         {"K": key} if key else None,
     )
     return res.stdout.strip() or res.stderr.strip()
@@ -106,6 +111,10 @@ def opened_vars(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "TMPDIR": "/opt1/tmp",
         "GEMMA_RIG_E2E_TOKEN": ENV_TOKEN,
     }
+    # A user's own rig_vllm_environment keeps the guard's lists (group_vars/all/vllm.yml says so).
+    rig = yaml.safe_load((ROOT / "inventory" / "group_vars" / "all" / "rig.yml").read_text())
+    environment["GEMMA_RIG_SERVED_PATHS"] = " ".join(rig["rig_served_paths"])
+    environment["GEMMA_RIG_OPEN_PATHS"] = " ".join(rig["rig_open_paths"])
     opened = {
         "rig_endpoint_open": True,
         "rig_endpoint_source_ranges": [RANGE],
@@ -154,7 +163,14 @@ def test_opened_endpoint_needs_the_key(local_rig, client_ns, opened_vars: Path, 
     assert status_code() == "401"
     assert status_code(key="sk-wrong-key-0123456789") == "401"
     assert status_code(key=KEY) == "200"
-    assert status_code("/health") == "200"  # vLLM asks for the key on /v1 only
+    assert status_code("/health") == "200"  # the guard serves /health without the key
+    # vLLM 0.29.0 alone asks for the key on /v1 only: /invocations ran a chat without it. The guard
+    # (rig_served_paths) serves the documented paths only, with the key or not.
+    for path in ("/invocations", "/tokenize", "/v1/../invocations"):
+        assert status_code(path, method="POST") == "404", path
+        assert status_code(path, key=KEY, method="POST") == "404", path
+    assert status_code("/version", key=KEY) == "404"
+    assert status_code("/metrics") == "401" and status_code("/metrics", key=KEY) == "200"
 
 
 def test_playbooks_work_with_the_key_and_never_show_it(local_rig, opened_vars: Path, tmp_path: Path) -> None:
@@ -196,10 +212,10 @@ def test_the_docs_curls_as_written(local_rig, client_ns) -> None:
     """docs/gce.md, "Reach the endpoint": the opened endpoint's commands, run from the client."""
     doc = (ROOT / "docs" / "gce.md").read_text()
     section = doc.split("## Reach the endpoint", 1)[1].split("\n## ", 1)[0]
-    opened = section.split("### Opened to listed ranges", 1)[1]
+    opened = section.split("### Opened to listed ranges", 1)[1]  # behind a gateway on gce
     block = opened.split("```sh\n", 1)[1].split("```", 1)[0]
     lines = [line for line in block.splitlines() if line and not line.startswith("#")]
-    assert lines[0] == "RIG=EXTERNAL_IP" and len(lines) == 4, lines
+    assert lines[0] == "RIG=INTERNAL_IP" and len(lines) == 4, lines
     env = {"RIG": HOST_IP, "RIG_API_KEY": KEY}
     # The local rig's model, and fewer tokens for the tiny model on 2 cores; nothing else changes.
     outs = []

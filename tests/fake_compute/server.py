@@ -23,6 +23,7 @@ ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     (m, re.compile(p + "$"), h)
     for m, p, h in [
         ("GET", _Z + r"/instances/(?P<name>[^/]+)", "get_instance"),
+        ("GET", _Z + r"/instances/(?P<name>[^/]+)/getGuestAttributes", "get_guest_attributes"),
         ("GET", _Z + r"/instances", "list_instances"),
         ("POST", _Z + r"/instances", "insert_instance"),
         ("DELETE", _Z + r"/instances/(?P<name>[^/]+)", "delete_instance"),
@@ -61,6 +62,8 @@ def dispatch(api: FakeCompute, method: str, path: str, query: dict[str, str], bo
             replay = api.replayed(request_id)
             if replay is not None:  # the API answers a repeated requestId with the first operation
                 return replay
+            if handler == "get_guest_attributes":
+                return api.get_guest_attributes(a["project"], a["zone"], a["name"], query)
             answer = _call(api, handler, a, body)
             api.remember(request_id, answer)
             if handler == "insert_instance":

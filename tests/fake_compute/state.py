@@ -88,6 +88,7 @@ class Faults:
     operation_error: dict[str, Any] | None = None  # the next insert's operation ends in this error
     ops_hang: bool = False  # operations started from now on never finish
     wait_max: float = 5.0  # operations.wait returns after this long at most (the API: ~2 minutes)
+    hostkeys_delay: float = 0.0  # seconds after a VM is seen RUNNING before its guest publishes host keys
 
 
 def _url(path: str) -> str:
@@ -148,6 +149,11 @@ class FakeCompute:
         self._ids = itertools.count(1000)
         self._ips = itertools.count(2)
         self.log: list[dict[str, Any]] = []
+
+        # instance id -> {key type: base64 blob}: what the guest environment publishes under
+        # hostkeys/ (tests may replace a value to play a guest whose keys changed, or a hostile one).
+        self.host_keys: dict[str, dict[str, str]] = {}
+        self._booted: dict[str, float] = {}
 
     # ---- request log helpers for tests -------------------------------------------------------
     def mutating_requests(self) -> list[dict[str, Any]]:
@@ -248,6 +254,52 @@ class FakeCompute:
         if inst is None:
             raise ApiError(404, f"The resource 'zones/{zone}/instances/{name}' was not found", "notFound")
         return copy.deepcopy(inst)
+
+    def get_guest_attributes(self, project: str, zone: str, name: str, query: dict[str, str]) -> dict:
+        """instances.getGuestAttributes: what the guest wrote, by queryPath or variableKey.
+
+        The guest environment writes its host keys at boot, and only when the instance metadata has
+        enable-guest-attributes=TRUE; until then the path is not found (404), as in the API.
+        """
+        inst = self.get_instance(zone, name)
+        path, variable = query.get("queryPath"), query.get("variableKey")
+        if bool(path) == bool(variable):
+            raise ApiError(400, "Exactly one of queryPath and variableKey must be set.", "invalid")
+        items = {i["key"]: i.get("value", "") for i in (inst.get("metadata") or {}).get("items") or []}
+        enabled = items.get("enable-guest-attributes", "").upper() == "TRUE"
+        if inst["status"] != "RUNNING":
+            self._booted.pop(inst["id"], None)
+        elif enabled:
+            self._booted.setdefault(inst["id"], time.monotonic())
+        booted = self._booted.get(inst["id"])
+        published = booted is not None and time.monotonic() >= booted + self.faults.hostkeys_delay
+        entries = [
+            {"namespace": "hostkeys", "key": kind, "value": value}
+            for kind, value in sorted(self.host_keys.get(inst["id"], {}).items())
+        ]
+        where = f"projects/{project}/zones/{zone}/instances/{name}"
+        wanted = path or variable or ""
+        if path:
+            found = [e for e in entries if f"{e['namespace']}/{e['key']}".startswith(path.lstrip("/"))]
+        else:
+            found = [e for e in entries if f"{e['namespace']}/{e['key']}" == wanted.lstrip("/")]
+        if not published or not found:
+            raise ApiError(404, f"The resource '{where}/guestAttributes/{wanted}' was not found", "notFound")
+        from google.cloud import compute_v1
+
+        answer: dict[str, Any] = {
+            "kind": "compute#guestAttributes",
+            "selfLink": _url(f"{where}/guestAttributes/{wanted}"),
+        }
+        if path:
+            answer.update(queryPath=path, queryValue={"items": found})
+        else:
+            answer.update(variableKey=variable, variableValue=found[0]["value"])
+        # Through the client's own message type: the answer has exactly the API's field names.
+        message = compute_v1.GuestAttributes.from_json(json.dumps(answer), ignore_unknown_fields=False)
+        return json.loads(
+            compute_v1.GuestAttributes.to_json(message, always_print_fields_with_no_presence=False)
+        )
 
     def list_instances(self, zone: str) -> dict[str, Any]:
         self.tick()
@@ -665,7 +717,8 @@ class FakeCompute:
         labels = dict(body.get("labels") or {})
         inst: dict[str, Any] = {
             "kind": "compute#instance",
-            "id": str(next(self._ids)) + "7301",
+            # Unique across fakes too, as the API's 64-bit ids are (host key aliases hold them).
+            "id": str(10**18 + uuid.uuid4().int % (9 * 10**18)),
             "creationTimestamp": now,
             "name": name,
             "tags": {"fingerprint": fingerprint(tags)},
@@ -710,6 +763,7 @@ class FakeCompute:
         if body.get("serviceAccounts"):
             inst["serviceAccounts"] = [_service_account(sa) for sa in body["serviceAccounts"]]
         self.instances[(zone, name)] = inst
+        self.host_keys[inst["id"]] = new_host_keys()
         return created
 
     def _new_disk(self, project: str, zone: str, name: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -999,3 +1053,21 @@ def _service_account(account: dict[str, Any]) -> dict[str, Any]:
     """``default`` is the project's Compute Engine default service account, stored by its email."""
     email = account.get("email") or ""
     return {"email": DEFAULT_SA if email == "default" else email, "scopes": list(account.get("scopes") or [])}
+
+
+def _ssh_string(data: bytes) -> bytes:
+    return len(data).to_bytes(4, "big") + data
+
+
+def new_host_keys() -> dict[str, str]:
+    """A fresh VM's host keys as its guest publishes them: SSH public key blobs, base64."""
+    import os
+
+    ed25519 = _ssh_string(b"ssh-ed25519") + _ssh_string(os.urandom(32))
+    ecdsa = (
+        _ssh_string(b"ecdsa-sha2-nistp256") + _ssh_string(b"nistp256") + _ssh_string(b"\x04" + os.urandom(64))
+    )
+    return {
+        "ssh-ed25519": base64.b64encode(ed25519).decode(),
+        "ecdsa-sha2-nistp256": base64.b64encode(ecdsa).decode(),
+    }

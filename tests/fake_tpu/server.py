@@ -25,7 +25,8 @@ ROUTES: list[tuple[str, re.Pattern[str], str]] = [
         ("POST", r"/queuedResources", "create_queued"),
         ("GET", r"/queuedResources/(?P<id>[^/]+)", "get_queued"),
         ("DELETE", r"/queuedResources/(?P<id>[^/]+)", "delete_queued"),
-        ("GET", r"/nodes/(?P<id>[^/]+)", "get_node"),
+        ("GET", r"/nodes/(?P<id>[^/:]+)", "get_node"),
+        ("POST", r"/nodes/(?P<id>[^/:]+):getGuestAttributes", "get_guest_attributes"),
         ("DELETE", r"/nodes/(?P<id>[^/]+)", "delete_node"),
         ("GET", r"/operations/(?P<id>[^/]+)", "get_operation"),
     ]
@@ -47,6 +48,8 @@ def dispatch(api: FakeTpu, method: str, path: str, query: dict[str, str], body: 
             return api.delete_queued(a["project"], a["zone"], a["id"], query)
         if handler == "delete_node":
             return api.delete_node(a["project"], a["zone"], a["id"])
+        if handler == "get_guest_attributes":
+            return api.get_guest_attributes(a["version"], a["zone"], a["id"], body)
         if handler == "get_operation":
             return api.get_operation(f"projects/{a['project']}/locations/{a['zone']}/operations/{a['id']}")
         return getattr(api, handler)(a["zone"], a["id"])

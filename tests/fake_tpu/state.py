@@ -26,6 +26,7 @@ import json
 import re
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -44,6 +45,8 @@ QUOTA = "TPUV5sLitepodPerProjectPerZoneForTPUAPI"
 QUOTA_SPOT = "TPUV5sPreemptibleLitepodPerProjectPerZoneForTPUAPI"
 PROVISIONING_MODELS = frozenset({"PROVISIONING_MODEL_UNSPECIFIED", "STANDARD", "SPOT", "FLEX_START"})
 MAX_RUN_SECONDS = 7 * 86400
+CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
+_SA_EMAIL = re.compile(r"[a-z][-a-z0-9]{4,28}[a-z0-9]@[-a-z0-9.:]+\.gserviceaccount\.com")
 STATUS = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 409: "ALREADY_EXISTS", 429: "RESOURCE_EXHAUSTED",
           412: "FAILED_PRECONDITION", 503: "UNAVAILABLE"}  # fmt: skip
 CAPACITY = (
@@ -80,6 +83,7 @@ class Faults:
     quota_at_create: bool = True  # True: the create answers 429; False: the request FAILS naming it
     flex_start_zones: set[str] = field(default_factory=lambda: {"us-west4-a"})
     status_429: int = 0  # the next N requests answer 429 (throttling, no quota named)
+    hostkeys_delay: float = 0.0  # seconds after a node is READY before worker 0 publishes host keys
 
 
 def _now() -> str:
@@ -106,6 +110,10 @@ class FakeTpu:
         self.log: list[dict[str, Any]] = []
         self._ids = itertools.count(1)
         self._timeline: dict[tuple[str, str], dict[str, Any]] = {}
+        # node id -> {key type: base64 blob} that worker 0's guest environment publishes under
+        # hostkeys/ (tests replace a value to play a guest whose keys changed, or a hostile one).
+        self.host_keys: dict[str, dict[str, str]] = {}
+        self._ready_at: dict[str, float] = {}
 
     # ---- helpers --------------------------------------------------------------------------------
     def requests(self, method: str, contains: str) -> list[dict[str, Any]]:
@@ -183,6 +191,9 @@ class FakeTpu:
         accel, runtime = node.get("acceleratorType"), node.get("runtimeVersion")
         if not accel or not runtime:
             raise ApiError(400, "node.acceleratorType and node.runtimeVersion are required")
+        email = (node.get("serviceAccount") or {}).get("email")
+        if email and not (_SA_EMAIL.fullmatch(email) or email == DEFAULT_SA):
+            raise ApiError(400, f"Invalid service account email '{email}'")
         if accel not in ACCELERATOR_TYPES:
             raise ApiError(400, f"Accelerator type {accel} is not available in zone {zone}")
         if runtime not in RUNTIMES:
@@ -275,7 +286,7 @@ class FakeTpu:
             name=f"projects/{project}/locations/{zone}/nodes/{spec['nodeId']}",
             state="READY",
             health="HEALTHY",
-            id=str(8000000000000000000 + n),
+            id=str(8000000000000000000 + uuid.uuid4().int % 10**18),  # unique across fakes, as the API's
             createTime=_now(),
             apiVersion="V2",
             cidrBlock="10.182.0.0/20",
@@ -284,13 +295,58 @@ class FakeTpu:
                 "subnetwork": f"projects/{project}/regions/{zone.rsplit('-', 1)[0]}/subnetworks/default",
                 "enableExternalIps": bool(external),
             },
-            serviceAccount={"email": DEFAULT_SA, "scope": ["https://www.googleapis.com/auth/cloud-platform"]},
+            # The reference: an empty email is the default Compute account, an empty scope every Cloud API.
+            serviceAccount={
+                "email": (asked.get("serviceAccount") or {}).get("email") or DEFAULT_SA,
+                "scope": list((asked.get("serviceAccount") or {}).get("scope") or [CLOUD_PLATFORM]),
+            },
             schedulingConfig=sched,
             networkEndpoints=[endpoint],
             acceleratorConfig={"type": "V5LITE_POD", "topology": "1x1"},
             queuedResource=f"projects/{PROJECT_NUMBER}/locations/{zone}/queuedResources/{qr['name'].rsplit('/', 1)[-1]}",
         )
+        from tests.fake_compute.state import new_host_keys
+
+        self.host_keys[node["id"]] = new_host_keys()
+        self._ready_at[node["id"]] = time.monotonic()
         return node
+
+    def get_guest_attributes(self, version: str, zone: str, node_id: str, body: dict[str, Any]) -> dict:
+        """nodes.getGuestAttributes: per worker, what its guest wrote under queryPath (v2 and v2alpha1).
+
+        The node must exist; a worker that has not written the path yet has no entry for it (404).
+        """
+        node = self.get_node(zone, node_id)
+        from google.cloud import tpu_v2
+
+        try:  # strict as the API: unknown fields refused
+            request = tpu_v2.GetGuestAttributesRequest.from_json(
+                json.dumps(body), ignore_unknown_fields=False
+            )
+        except Exception as exc:
+            raise ApiError(400, f"Invalid JSON payload received. {exc}") from exc
+        workers = list(request.worker_ids) or ["0"]
+        if any(w != "0" for w in workers):  # a v5litepod-1 node has one worker
+            raise ApiError(400, f"Invalid worker ids {workers}: node {node_id} has worker 0 only")
+        path = request.query_path.lstrip("/")
+        published = node["state"] == "READY" and time.monotonic() >= (
+            self._ready_at.get(node["id"], float("inf")) + self.faults.hostkeys_delay
+        )
+        items = [
+            {"namespace": "hostkeys", "key": kind, "value": value}
+            for kind, value in sorted(self.host_keys.get(node["id"], {}).items())
+            if f"hostkeys/{kind}".startswith(path)
+        ]
+        if not published or not items:
+            raise ApiError(404, f"Guest attributes {request.query_path} not found for node {node_id}")
+        answer = tpu_v2.GetGuestAttributesResponse(
+            guest_attributes=[
+                tpu_v2.GuestAttributes(
+                    query_path=request.query_path, query_value=tpu_v2.GuestAttributesValue(items=items)
+                )
+            ]
+        )
+        return json.loads(tpu_v2.GetGuestAttributesResponse.to_json(answer))
 
     def get_queued(self, zone: str, qr_id: str) -> dict[str, Any]:
         if (zone, qr_id) not in self.queued:

@@ -396,3 +396,76 @@ def test_settle_asks_again_when_the_master_drops_the_connection(tmp_path: Path) 
     assert settled.returncode == 0, settled.stderr
     assert settled.stdout.strip() == "no older worker"
     assert not thread.is_alive(), "settle stopped before the worker list had no old worker"
+
+
+def _raw_request(gateway: Gateway, method: str, target: str, key: str | None = KEY) -> int:
+    """One request with its target sent byte for byte (httpx would resolve `..`); returns its status."""
+    context = ssl.create_default_context(cafile=str(gateway.cert))
+    # No model: any rig answers (the tests before may have moved a model's routes).
+    body = json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode()
+    head = f"{method} {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+    head += f"Authorization: Bearer {key}\r\n" if key else ""
+    head += (
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        if method == "POST"
+        else "\r\n"
+    )
+    with (
+        socket.create_connection(("127.0.0.1", gateway.port), timeout=30) as raw,
+        context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+    ):
+        tls.sendall(head.encode() + (body if method == "POST" else b""))
+        reply = b""
+        while chunk := tls.recv(65536):
+            reply += chunk
+    return int(reply.split(b" ", 2)[1])
+
+
+# Paths vLLM 0.29.0 serves beside the documented ones (/invocations runs a chat without a key), and
+# spellings of them that a path-normalising hop would turn into one.
+HOSTILE_TARGETS = [
+    ("POST", "/invocations"),
+    ("POST", "/tokenize"),
+    ("POST", "/detokenize"),
+    ("GET", "/version"),
+    ("GET", "/load"),
+    ("POST", "/v1/../tokenize"),
+    ("POST", "//invocations"),
+    ("POST", "/v1/chat/completions/../../invocations"),
+    ("POST", "/v1/chat/completions/%2e%2e/%2e%2e/invocations"),
+    ("POST", "/v1/%2E%2E/tokenize"),
+    ("POST", "/v1/chat/completions/"),
+    ("POST", "/v1/chat%2Fcompletions"),
+    ("GET", "/v1/chat/completions"),
+    ("POST", "http://127.0.0.1/invocations"),
+    ("GET", "/metrics/"),
+]
+
+
+@pytest.mark.parametrize("method,target", HOSTILE_TARGETS)
+def test_undocumented_paths_never_reach_a_rig(gateway: Gateway, method: str, target: str) -> None:
+    before = sum(len(rig.log) for rig in gateway.rigs.values())
+    assert _raw_request(gateway, method, target) == 404  # with a good key: not served here
+    assert _raw_request(gateway, method, target, key=None) == 401  # without: the key first
+    seen = [
+        entry["path"]
+        for rig in gateway.rigs.values()
+        for entry in rig.log[before:]
+        if entry["path"] != "/health"
+    ]
+    assert not seen, f"{method} {target} reached a rig as {seen}"
+
+
+def test_metrics_needs_the_key_and_the_documented_paths_pass(gateway: Gateway) -> None:
+    before = {name: len(rig.log) for name, rig in gateway.rigs.items()}
+    assert _raw_request(gateway, "GET", "/metrics", key=None) == 401
+    assert _raw_request(gateway, "GET", "/metrics", key="sk-wrong-key-0000") == 401
+    assert not [e for n, r in gateway.rigs.items() for e in r.log[before[n] :] if e["path"] == "/metrics"]
+    # The fake rig has no /metrics (its 404 is its own): what matters is that the request got there.
+    _raw_request(gateway, "GET", "/metrics")
+    assert _raw_request(gateway, "POST", "/v1/chat/completions") == 200
+    assert _raw_request(gateway, "POST", "/v1/completions") == 200
+    reached = [
+        e["path"] for n, r in gateway.rigs.items() for e in r.log[before[n] :] if e["path"] != "/health"
+    ]
+    assert sorted(reached) == ["/metrics", "/v1/chat/completions", "/v1/completions"]

@@ -1,4 +1,5 @@
-"""The gce role opens the endpoint from one list of ranges, and refuses a bad one before any request.
+"""The gce role checks a rig's VPC-only endpoint ranges (one list) before any request, and gives each
+VM its own tag for its endpoint rule.
 
 provision_gce.yml against the fake Compute API, as tests/test_gce_playbooks.py runs it.
 """
@@ -41,7 +42,7 @@ def test_a_bad_range_is_refused_before_any_request(
     needle: str,
 ) -> None:
     result = _play(
-        "playbooks/provision_gce.yml", inventory, fake, "-e", "gce_open_endpoint=true",
+        "playbooks/provision_gce.yml", inventory, fake, "-e", "gce_internal_endpoint=true",
         "-e", _vars(tmp_path, ["198.51.100.0/24", source_range]),
     )  # fmt: skip
     out = result.stdout + result.stderr
@@ -51,29 +52,31 @@ def test_a_bad_range_is_refused_before_any_request(
     assert KEY not in out
 
 
-def test_the_world_when_allowed_explicitly(
+def test_a_rig_open_to_the_world_is_refused_even_when_allowed(
     fake: FakeComputeServer,  # noqa: F811
     inventory: Path,  # noqa: F811
     tmp_path: Path,
 ) -> None:
+    # gce_endpoint_allow_world admits a gateway VM's TLS port to everyone; never a rig's plain HTTP.
     result = _play(
         "playbooks/provision_gce.yml", inventory, fake, "-e", "gce_open_endpoint=true",
         "-e", _vars(tmp_path, ["0.0.0.0/0", "::/0"], gce_endpoint_allow_world=True),
     )  # fmt: skip
-    assert "TASK [gce : Wait for SSH on the VM]" in result.stdout, result.stdout[-4000:]
-    assert fake.api.firewalls["rig-test-endpoint"]["sourceRanges"] == ["0.0.0.0/0", "::/0"]
+    assert result.returncode == 2 and "plain HTTP" in result.stdout, result.stdout[-4000:]
+    assert fake.api.log == [] and fake.api.firewalls == {}
 
 
-def test_the_firewall_admits_the_rig_level_ranges(
+def test_the_vpc_only_endpoint_makes_no_rule_and_the_vm_carries_its_own_tag(
     fake: FakeComputeServer,  # noqa: F811
     inventory: Path,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    # rig_endpoint_source_ranges is the one place: the unit renders IPAddressAllow from it too
-    # (tests/unit/test_vllm_unit_filter.py).
+    # rig_endpoint_source_ranges is the one place: the unit renders IPAddressAllow from it
+    # (tests/unit/test_vllm_unit_filter.py); the VPC's own rules admit the gateway.
     result = _play(
-        "playbooks/provision_gce.yml", inventory, fake, "-e", "gce_open_endpoint=true",
-        "-e", _vars(tmp_path, ["198.51.100.0/24", "2001:db8:5::/48"]),
+        "playbooks/provision_gce.yml", inventory, fake, "-e", "gce_internal_endpoint=true",
+        "-e", _vars(tmp_path, ["10.128.0.5/32"]),
     )  # fmt: skip
     assert "TASK [gce : Wait for SSH on the VM]" in result.stdout, result.stdout[-4000:]
-    assert fake.api.firewalls["rig-test-endpoint"]["sourceRanges"] == ["198.51.100.0/24", "2001:db8:5::/48"]
+    assert fake.api.firewalls == {}
+    assert fake.api.requests("POST", "/instances")[-1]["body"]["tags"]["items"] == ["gemma-rig", "rig-test"]

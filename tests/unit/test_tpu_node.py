@@ -7,6 +7,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -281,3 +282,72 @@ def test_diff_mode_shows_before_and_after(fake: FakeTpuServer) -> None:
 def test_bad_parameters_fail_before_any_request(fake: FakeTpuServer, params: dict, says: str) -> None:
     result = tpu(fake, **params)
     assert result["failed"] is True and says in result["msg"] and not fake.api.log
+
+
+# ---- the TPU VM's identity: its service account and its SSH host keys -----------------------------
+def test_the_tpu_vm_gets_no_cloud_api_unless_an_account_is_named(fake: FakeTpuServer) -> None:
+    """The API has no "no service account": left out, the VM gets the default account with every
+    Cloud API (an empty scope list). The module always sends the scopes, by default only userinfo.email."""
+    result = tpu(fake, zones=["us-west4-a"])
+    assert _ok(result), result
+    (create,) = _creates(fake)
+    node = create["body"]["tpu"]["nodeSpec"][0]["node"]
+    assert node["serviceAccount"] == {"scope": ["https://www.googleapis.com/auth/userinfo.email"]}
+    made = fake.api.nodes[("us-west4-a", "tpu1")]["serviceAccount"]
+    assert made["scope"] == ["https://www.googleapis.com/auth/userinfo.email"]
+
+
+def test_a_named_service_account_and_its_scopes_are_sent(fake: FakeTpuServer) -> None:
+    email = "rig-tpu@proj.iam.gserviceaccount.com"
+    scopes = ["https://www.googleapis.com/auth/devstorage.read_only"]
+    result = tpu(fake, zones=["us-west4-a"], service_account=email, service_account_scopes=scopes)
+    assert _ok(result), result
+    node = _creates(fake)[0]["body"]["tpu"]["nodeSpec"][0]["node"]
+    assert node["serviceAccount"] == {"email": email, "scope": scopes}
+    assert fake.api.nodes[("us-west4-a", "tpu1")]["serviceAccount"] == {"email": email, "scope": scopes}
+
+
+def test_an_empty_scope_list_is_refused_before_any_request(fake: FakeTpuServer) -> None:
+    result = tpu(fake, service_account_scopes=[])
+    assert result["failed"] and result["error_kind"] == "invalid" and "every Cloud API" in result["msg"]
+    assert fake.api.log == []
+
+
+def test_the_tpu_vms_host_keys_are_pinned_and_a_change_fails(fake: FakeTpuServer, tmp_path: Path) -> None:
+    from tests.fake_compute.state import new_host_keys
+
+    known_hosts = tmp_path / "known_hosts"
+    result = tpu(fake, zones=["us-west4-a"], known_hosts=str(known_hosts))
+    assert _ok(result), result
+    node = _creates(fake)[0]["body"]["tpu"]["nodeSpec"][0]["node"]
+    assert node["metadata"]["enable-guest-attributes"] == "TRUE"
+    alias = f"tpu/proj/us-west4-a/tpu1/{result['id']}"
+    published = fake.api.host_keys[result["id"]]
+    assert sorted(known_hosts.read_text().splitlines()) == sorted(
+        f"{alias} {k} {v}" for k, v in published.items()
+    )
+    assert "-o StrictHostKeyChecking=yes" in result["ssh_common_args"]
+    assert f"UserKnownHostsFile={known_hosts}" in result["ssh_common_args"]
+    assert f"HostKeyAlias={alias}" in result["ssh_common_args"]
+    (query,) = fake.api.requests("POST", ":getGuestAttributes")
+    assert query["body"] == {"queryPath": "hostkeys/", "workerIds": ["0"]}
+
+    again = tpu(fake, zones=["us-west4-a"], known_hosts=str(known_hosts))
+    assert again["changed"] is False and again["actions"] == [], again
+
+    published["ssh-ed25519"] = new_host_keys()["ssh-ed25519"]
+    changed = tpu(fake, zones=["us-west4-a"], known_hosts=str(known_hosts))
+    assert changed["failed"] and changed["error_kind"] == "hostkeys", changed
+    assert changed["msg"].startswith(f"TPU VM tpu1 (project proj, zone us-west4-a, id {result['id']})")
+    assert "\n" not in changed["msg"] and alias in changed["msg"]
+
+
+def test_a_tpu_vm_that_publishes_no_keys_times_out(tmp_path: Path) -> None:
+    with FakeTpuServer(Faults(op_delay=0.02, provision_delay=0.1, hostkeys_delay=3600)) as server:
+        result = run_module(
+            server.endpoint, module="tpu_node", **dict(BASE, zones=["us-west4-a"]),
+            known_hosts=str(tmp_path / "known_hosts"), host_keys_timeout=1,
+        )  # fmt: skip
+    assert result["failed"] and result["error_kind"] == "timeout", result
+    assert "TPU VM tpu1" in result["msg"] and "published no SSH host keys" in result["msg"]
+    assert not (tmp_path / "known_hosts").exists()
