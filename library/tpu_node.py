@@ -20,11 +20,17 @@ description:
     V(spot) (may be preempted at any time) and V(on-demand).
   - Looks for the queued resource and the node in every zone of O(zones) first, so it is never asked
     for twice. When a zone has no capacity (the queued resource fails for capacity, or is still
-    waiting after O(zone_wait) seconds) or does not offer the provisioning model for the
-    accelerator, it deletes that request and tries the next zone, saying so in a warning and in
-    RV(zones_tried).
+    waiting after O(zone_wait) seconds), does not offer the accelerator type or the provisioning
+    model for it, or the create operation itself fails for capacity, it deletes that request and
+    tries the next zone, saying so in a warning and in RV(zones_tried).
   - A quota error fails at once with one line naming the quota (C(TPUV5sLitepodPerProjectPerZoneForTPUAPI)
-    for on-demand and flex-start, C(TPUV5sPreemptibleLitepodPerProjectPerZoneForTPUAPI) for spot).
+    for on-demand, C(TPUV5sPreemptibleLitepodPerProjectPerZoneForTPUAPI) for spot and flex-start).
+    A quota is told from throttling by the error's structured details (a C(QuotaFailure), or an
+    C(ErrorInfo) reason C(RATE_LIMIT_EXCEEDED) for throttling), else by the quota wording of the
+    API's own message; throttling is retried within O(retry_deadline).
+  - A queued resource being deleted by someone else (C(DELETING)) is waited out, then asked for
+    again. A node that will not become READY by waiting (C(UNKNOWN), C(STOPPED), C(STOPPING),
+    C(HIDING), C(HIDDEN), C(STATE_UNSPECIFIED)) fails the run at once, naming its state.
   - When the node is gone (flex-start ran its duration, a spot node was preempted) or the queued
     resource is over (C(FAILED), C(SUSPENDING), C(SUSPENDED)), the next run deletes what is left and
     asks again, with C(changed=true) and the reason in RV(recreated_because) and a warning.
@@ -82,8 +88,11 @@ options:
   zone_wait:
     description:
       - Seconds to wait for a queued resource to become ACTIVE in one zone before deleting the request
-        and trying the next zone. It is also sent as the request's C(validUntilDuration), so a request
-        the module gave up on does not turn into a node later.
+        and trying the next zone.
+      - The request's C(validUntilDuration) is O(zone_wait) + O(operation_timeout) + 60 seconds, so a
+        request the module gave up on (and failed to delete) does not turn into a node later, while
+        the service, whose clock starts at the create, does not expire it before the module stops
+        waiting.
     type: int
     default: 900
   network:
@@ -286,7 +295,7 @@ ssh_common_args:
   returned: when O(known_hosts) is set and the node is READY
   type: str
 error_kind:
-  description: On failure - invalid, auth, quota, stockout, differs, timeout, hostkeys, operation or api.
+  description: On failure - invalid, auth, quota, stockout, differs, timeout, hostkeys, operation, throttled or api.
   returned: on failure
   type: str
 quota:
@@ -303,7 +312,10 @@ from ansible.module_utils.gce_client import AUTH_ARGUMENT_SPEC
 from ansible.module_utils.gce_errors import GceError
 from ansible.module_utils.tpu_api import (
     HAS_TPU,
+    NODE_COMING,
     NODE_GONE,
+    QR_API,
+    QR_DELETING,
     QR_TERMINAL,
     QR_WAITING,
     TPU_IMPORT_ERROR,
@@ -313,6 +325,7 @@ from ansible.module_utils.tpu_api import (
     failed_error,
     make_api,
     quota_for,
+    status_error,
 )
 from ansible.module_utils.vm_host_keys import alias, pin, ssh_common_args, wait_for_keys
 
@@ -350,6 +363,7 @@ ARGUMENT_SPEC: dict[str, Any] = dict(
     retry_initial_delay={"type": "float", "default": 1.0},
 )
 MAX_FLEX_SECONDS = 7 * 86400  # flex-start runs at most 7 days
+LIFETIME_SLACK = 60  # seconds a request outlives the module's own waits (request_lifetime)
 
 
 def _last(value: str | None) -> str:
@@ -385,6 +399,17 @@ def node_body(p: dict[str, Any]) -> dict[str, Any]:
     return node
 
 
+def request_lifetime(p: dict[str, Any]) -> int:
+    """Seconds the service keeps the request waiting (``validUntilDuration``).
+
+    A request the module gave up on (zone_wait) must not turn into a billed node later, so it
+    expires; but the service counts from the create, and the module starts its zone_wait only once
+    the create operation is done (up to operation_timeout later). A lifetime of just zone_wait would
+    expire first and turn a slow zone into a FAILED request, so it is both, plus a minute of slack.
+    """
+    return int(p["zone_wait"]) + int(p["operation_timeout"]) + LIFETIME_SLACK
+
+
 def qr_body(p: dict[str, Any], project: str, zone: str) -> dict[str, Any]:
     """The queued resource to create in ``zone``.
 
@@ -398,8 +423,7 @@ def qr_body(p: dict[str, Any], project: str, zone: str) -> dict[str, Any]:
                 {"parent": f"projects/{project}/locations/{zone}", "nodeId": p["name"], "node": node_body(p)}
             ]
         },
-        # A request the module gave up on (zone_wait) must not turn into a billed node later.
-        "queueingPolicy": {"validUntilDuration": f"{p['zone_wait']}s"},
+        "queueingPolicy": {"validUntilDuration": f"{request_lifetime(p)}s"},
     }
     if p["provisioning_model"] == "spot":
         body["spot"] = {}
@@ -479,13 +503,31 @@ class Runner:
 
     def remove(self, zone: str, qr: dict[str, Any] | None, node: dict[str, Any] | None) -> None:
         """Delete the queued resource (force: its node too) and a node of the name without one."""
-        self.changed = True
+        qr_state = ((qr or {}).get("state") or {}).get("state", "")
+        if qr and qr_state == QR_DELETING:
+            # Someone else's delete is under way: asking again would be refused; wait it out.
+            self.actions.append(f"wait for queued resource {self.p['name']} in {zone} (DELETING)")
+            self.wait_gone(zone)
+            qr = None
         if qr:
+            self.changed = True
             self.api.delete_qr(zone, self.p["name"])
             self.actions.append(f"delete queued resource {self.p['name']} in {zone}")
-        if node and (not qr or self.api.get_node(zone, self.p["name"])):
+        if node and self.api.get_node(zone, self.p["name"]):  # not gone with its queued resource
+            self.changed = True
             self.api.delete_node(zone, self.p["name"])
             self.actions.append(f"delete node {self.p['name']} in {zone}")
+
+    def wait_gone(self, zone: str) -> None:
+        """Wait (at most operation_timeout) until the queued resource of this name is gone."""
+        deadline = time.monotonic() + self.api.operation_timeout
+        while self.api.get_qr(zone, self.p["name"]) is not None:
+            if time.monotonic() >= deadline:
+                raise GceError(
+                    "timeout",
+                    f"queued resource {self.p['name']} in {zone} was still DELETING after operation_timeout",
+                )
+            time.sleep(self.api.poll_interval)
 
     def wait_active(self, zone: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None, GceError | None]:
         """Wait for the queued resource to be ACTIVE and its node READY.
@@ -504,6 +546,14 @@ class Runner:
                 break
             if state in QR_TERMINAL:
                 return qr, None, failed_error(qr, self.api, zone, fallback)
+            if state == QR_DELETING:
+                return qr, None, GceError("operation", f"queued resource {name} in {zone} is being deleted")
+            if state not in QR_WAITING:  # STATE_UNSPECIFIED, or one newer than this module
+                return (
+                    qr,
+                    None,
+                    GceError("operation", f"queued resource {name} in {zone} is {state or 'stateless'}"),
+                )
             if time.monotonic() >= deadline:
                 return (
                     qr,
@@ -518,8 +568,15 @@ class Runner:
         node_deadline = time.monotonic() + self.api.operation_timeout
         while True:
             node = self.api.get_node(zone, name)
-            if node and node.get("state") == "READY":
+            state = (node or {}).get("state", "")
+            if state == "READY":
                 return qr, node, None
+            if node and state not in NODE_COMING:  # gone, stopped, hidden or UNKNOWN: no use waiting
+                raise GceError(
+                    "operation",
+                    f"node {name} in {zone} is {state}, and will not become READY by waiting: "
+                    "see it in the console, or delete it (state=absent) and run again",
+                )
             if time.monotonic() >= node_deadline:
                 state = (node or {}).get("state", "ABSENT")
                 raise GceError(
@@ -543,8 +600,12 @@ class Runner:
                 continue
             self.changed = True
             self.actions.append(f"create queued resource {name} in {zone}")
-            self.api.wait(op["name"])
-            qr, node, err = self.wait_active(zone)
+            op_error = self.api.wait(op["name"], QR_API)
+            if op_error:  # the create itself failed; what it left behind is deleted below
+                qr, node = None, None
+                err = status_error(op_error, f"creating {name} in {zone} failed", self.api, zone, fallback)
+            else:
+                qr, node, err = self.wait_active(zone)
             if err is None and qr and node:
                 self.zones_tried.append({"zone": zone, "result": "created", "reason": ""})
                 return zone, qr, node
@@ -552,9 +613,10 @@ class Runner:
             self.zones_tried.append({"zone": zone, "result": err.kind, "reason": str(err)})
             self.api.delete_qr(zone, name)  # a failed or abandoned request: nothing left behind
             self.actions.append(f"delete queued resource {name} in {zone} ({err.kind})")
-            if err.kind != "stockout":
+            if err.kind not in ("stockout", "unsupported"):
                 raise err
-            self.warnings.append(f"zone {zone} has no capacity ({err}); trying the next zone")
+            why = "has no capacity" if err.kind == "stockout" else "does not offer this"
+            self.warnings.append(f"zone {zone} {why} ({err}); trying the next zone")
         raise GceError(
             "stockout",
             f"no {self.p['provisioning_model']} {self.p['accelerator_type']} in any of {', '.join(self.p['zones'])}; "
@@ -590,6 +652,8 @@ def why_over(qr: dict[str, Any] | None, node: dict[str, Any] | None, p: dict[str
         if model == "flex-start" and qr_state != "FAILED":
             return f"queued resource is {qr_state}: flex-start ran its max_run_duration and the service deleted the node"
         return f"queued resource is {qr_state}" + (f" ({detail})" if detail else "")
+    if qr_state == QR_DELETING:
+        return "queued resource is DELETING (deleted by someone else)"
     if qr_state == "ACTIVE" and node is None:
         return "queued resource is ACTIVE but its node is gone" + (
             " (flex-start ran out)" if model == "flex-start" else ""

@@ -44,26 +44,54 @@ SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 DEFAULT_ENDPOINT = "https://tpu.googleapis.com"
 QR_API = "v2alpha1"
 
-# Quotas the Cloud TPU API counts a v5e chip against (Quotas page of the console, Cloud TPU API).
-QUOTA_V5E = "TPUV5sLitepodPerProjectPerZoneForTPUAPI"  # on-demand and flex-start
-QUOTA_V5E_SPOT = "TPUV5sPreemptibleLitepodPerProjectPerZoneForTPUAPI"  # spot
-# Queued-resource states: still on its way, done, or over (the node is gone or never came).
+# The quota a v5e request counts against, per provisioning model, as the console's Quotas page
+# (service Cloud TPU API) names it. Flex-start is charged to the preemptible quota: Google's
+# flex-start page says to "ensure you have sufficient preemptible quota"
+# (https://cloud.google.com/tpu/docs/request-using-flex-start). Reserved capacity has a quota of
+# its own (https://cloud.google.com/tpu/docs/quota), which this module never asks for.
+QUOTA_V5E = "TPUV5sLitepodPerProjectPerZoneForTPUAPI"
+QUOTA_V5E_PREEMPTIBLE = "TPUV5sPreemptibleLitepodPerProjectPerZoneForTPUAPI"
+QUOTAS = {
+    "on-demand": QUOTA_V5E,
+    "spot": QUOTA_V5E_PREEMPTIBLE,
+    "flex-start": QUOTA_V5E_PREEMPTIBLE,
+}
+# Every QueuedResourceState.State of google-cloud-tpu 1.28.0 (tpu_v2alpha1), in one of four sets:
+# on its way, serving, over (the node is gone or never came: delete and ask again), or going away.
 QR_WAITING = frozenset({"CREATING", "ACCEPTED", "WAITING_FOR_RESOURCES", "PROVISIONING"})
 QR_TERMINAL = frozenset({"FAILED", "SUSPENDING", "SUSPENDED"})
-# Node states after which it will not serve again without a new node.
+QR_DELETING = "DELETING"
+QR_STATES = QR_WAITING | QR_TERMINAL | {"ACTIVE", QR_DELETING, "STATE_UNSPECIFIED"}
+# Every Node.State of tpu_v2: READY serves; these are on their way to READY (worth waiting for) ...
+NODE_COMING = frozenset({"CREATING", "RESTARTING", "REIMAGING", "REPAIRING", "STARTING", "UNHIDING"})
+# ... after these it will not serve again without a new node (replaced on the next run) ...
 NODE_GONE = frozenset({"PREEMPTED", "TERMINATED", "DELETING"})
-# gRPC code 8; the TPU API's stockout wording ("There is no more capacity in the zone ...").
+# ... and these need a person: stopped or hidden by someone, or a state the service does not know.
+NODE_STUCK = frozenset({"STOPPED", "STOPPING", "HIDING", "HIDDEN", "UNKNOWN", "STATE_UNSPECIFIED"})
+NODE_STATES = NODE_COMING | NODE_GONE | NODE_STUCK | {"READY"}
+# gRPC codes in an operation's or a FAILED request's google.rpc.Status.
 RESOURCE_EXHAUSTED = 8
+QUOTA_FAILURE = "type.googleapis.com/google.rpc.QuotaFailure"
+ERROR_INFO = "type.googleapis.com/google.rpc.ErrorInfo"
+THROTTLE_REASONS = frozenset({"RATE_LIMIT_EXCEEDED", "rateLimitExceeded", "userRateLimitExceeded"})
+# The TPU API's stockout wording ("There is no more capacity in the zone ...").
 _CAPACITY = re.compile(r"no more capacity|out of capacity|insufficient capacity|stockout", re.I)
 _QUOTA = re.compile(
     r"Quota (?:limit )?'([A-Za-z0-9_]+)'|\b(TPU[A-Za-z0-9]*(?:PerProject|ForTPUAPI)[A-Za-z0-9]*)\b"
 )
-_UNSUPPORTED = re.compile(r"not supported|is not available in zone|not offered", re.I)
+# "This zone does not offer it": the provisioning model for the accelerator, or the accelerator at
+# all. The two accelerator wordings are the live API's as docs/tpu.md quotes them.
+_UNSUPPORTED = re.compile(
+    r"not supported|is not available in zone|not offered"
+    r"|could not be found in the zonal accelerator configurations"
+    r"|accelerator \S+ was not found in zone",
+    re.I,
+)
 
 
 def quota_for(provisioning_model: str) -> str:
-    """The quota a v5e request counts against: spot has its own (preemptible) one."""
-    return QUOTA_V5E_SPOT if provisioning_model == "spot" else QUOTA_V5E
+    """The quota a v5e request of this provisioning model counts against."""
+    return QUOTAS[provisioning_model]
 
 
 def quota_in(message: str, fallback: str) -> str:
@@ -84,12 +112,42 @@ def quota_error(message: str, project: str, zone: str, fallback: str) -> GceErro
     )
 
 
+def api_message(exc: BaseException) -> str:
+    """The API's own ``error.message``: google.api_core puts the method and URL in front of it, and a
+    URL holds the project and resource names, which must not be read as the error's words."""
+    response = getattr(exc, "response", None)
+    try:
+        message = response.json()["error"]["message"] if response is not None else None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        message = None
+    return str(message if isinstance(message, str) else (getattr(exc, "message", "") or exc))
+
+
+def _detail_types(details: Any) -> set[str]:
+    return {str(d.get("@type", "")) for d in details or [] if isinstance(d, dict)}
+
+
+def _reasons(details: Any) -> set[str]:
+    return {
+        str(d.get("reason", ""))
+        for d in details or []
+        if isinstance(d, dict) and d.get("@type") == ERROR_INFO
+    }
+
+
+def names_a_quota(message: str, details: Any) -> bool:
+    """A resource quota, told by the structured details first: an ErrorInfo reason of a rate limit is
+    throttling, a QuotaFailure is a quota; with neither, the quota wording of the API's message."""
+    if _reasons(details) & THROTTLE_REASONS:
+        return False
+    return QUOTA_FAILURE in _detail_types(details) or bool(_QUOTA.search(message or ""))
+
+
 def is_quota_exception(exc: BaseException) -> bool:
-    """RESOURCE_EXHAUSTED that names a quota (HTTP 429 is also plain throttling, which is retried)."""
-    message = str(getattr(exc, "message", "") or exc)
+    """RESOURCE_EXHAUSTED that is a resource quota (HTTP 429 is also plain throttling, which is retried)."""
     status = getattr(exc, "grpc_status_code", None)
     exhausted = getattr(status, "name", "") == "RESOURCE_EXHAUSTED" or getattr(exc, "code", None) == 429
-    return exhausted and bool(_QUOTA.search(message)) and "rate" not in message.lower()
+    return exhausted and names_a_quota(api_message(exc), getattr(exc, "details", None))
 
 
 def is_retryable(exc: Exception) -> bool:
@@ -175,7 +233,7 @@ class Api:
             if classify_exception(exc) == "notfound":
                 return
             raise exception_to_error(exc, self.project) from exc
-        self.wait(op["name"])
+        self.wait_ok(op["name"], QR_API)
 
     # ---- nodes and operations through google-cloud-tpu -----------------------------------------
     def get_node(self, zone: str, name: str) -> dict[str, Any] | None:
@@ -207,18 +265,19 @@ class Api:
             if classify_exception(exc) == "notfound":
                 return
             raise exception_to_error(exc, self.project) from exc
-        self.wait(op.operation.name)
+        self.wait_ok(op.operation.name, "v2")
 
-    def wait(self, op_name: str) -> None:
-        """Poll a long-running operation until done; raise its error as a GceError.
+    def wait(self, op_name: str, version: str) -> dict[str, Any] | None:
+        """Poll a long-running operation until done; its ``error`` (a google.rpc.Status), None if none.
 
-        Read as JSON (v2 ``operations.get``): an operation's metadata is an ``Any`` of whichever API
-        version started it, which the typed client would have to know to parse.
+        Polled on the API version that started it (``operations.get`` of that version), and read as
+        JSON: an operation's metadata is an ``Any`` of that version, which the typed v2 client would
+        have to know to parse.
         """
         deadline = time.monotonic() + self.operation_timeout
         while True:
             try:
-                op = self._raw("GET", op_name, version="v2")
+                op = self._raw("GET", op_name, version=version)
             except Exception as exc:
                 raise exception_to_error(exc, self.project) from exc
             if op.get("done"):
@@ -230,7 +289,12 @@ class Api:
                 )
             time.sleep(self.poll_interval)
         error = op.get("error") or {}
-        if error.get("code"):
+        return error if error.get("code") else None
+
+    def wait_ok(self, op_name: str, version: str) -> None:
+        """Wait for an operation that must succeed (a delete); its error fails the run."""
+        error = self.wait(op_name, version)
+        if error:
             raise GceError(
                 "operation", f"operation {op_name} failed: {error.get('message')}", str(error["code"])
             )
@@ -260,24 +324,36 @@ def create_error(exc: Exception, api: Api, zone: str, fallback_quota: str) -> Gc
     """What a refused create means: quota (stop), unsupported in this zone (next zone), or an error."""
     if isinstance(exc, GceError):
         return exc
-    message = str(getattr(exc, "message", "") or exc)
+    message = api_message(exc)
     if is_quota_exception(exc):
         return quota_error(message, api.project, zone, fallback_quota)
-    if getattr(exc, "code", None) == 400 and _UNSUPPORTED.search(message):
+    if getattr(exc, "code", None) in (400, 404) and _UNSUPPORTED.search(message):
         return GceError("unsupported", message, "INVALID_ARGUMENT")
     if _CAPACITY.search(message):
         return GceError("stockout", message, "RESOURCE_EXHAUSTED")
     return exception_to_error(exc, api.project)
 
 
-def failed_error(qr: dict[str, Any], api: Api, zone: str, fallback_quota: str) -> GceError:
-    """What a FAILED queued resource's ``failedData.error`` means."""
-    error = ((qr.get("state") or {}).get("failedData") or {}).get("error") or {}
-    message = error.get("message") or json.dumps(qr.get("state") or {})
-    if error.get("code") == RESOURCE_EXHAUSTED and _QUOTA.search(message):
+def status_error(status: dict[str, Any], what: str, api: Api, zone: str, fallback_quota: str) -> GceError:
+    """What a google.rpc.Status means, the same for a FAILED queued resource's ``failedData.error``
+    and a create operation that finished with an error: quota, unsupported, stockout or operation."""
+    message = str(status.get("message") or "")
+    details, code = status.get("details"), status.get("code")
+    if code == RESOURCE_EXHAUSTED and names_a_quota(message, details):
         return quota_error(message, api.project, zone, fallback_quota)
-    if _CAPACITY.search(message) or error.get("code") == RESOURCE_EXHAUSTED:
+    if _UNSUPPORTED.search(message):
+        return GceError("unsupported", message, str(code or ""))
+    if _CAPACITY.search(message) or code == RESOURCE_EXHAUSTED:
         return GceError("stockout", message, "RESOURCE_EXHAUSTED")
-    return GceError(
-        "operation", f"queued resource {qr.get('name')} FAILED: {message}", str(error.get("code", ""))
+    return GceError("operation", f"{what}: {message or json.dumps(status)}", str(code or ""))
+
+
+def failed_error(qr: dict[str, Any], api: Api, zone: str, fallback_quota: str) -> GceError:
+    """What a FAILED (or SUSPENDED...) queued resource's ``failedData.error`` means."""
+    state = qr.get("state") or {}
+    error = (state.get("failedData") or {}).get("error") or {}
+    if not error:
+        error = {"message": json.dumps(state)}
+    return status_error(
+        error, f"queued resource {qr.get('name')} {state.get('state')}", api, zone, fallback_quota
     )

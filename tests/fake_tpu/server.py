@@ -17,6 +17,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from tests.fake_compute.server import FakeComputeServer
 from tests.fake_tpu.state import ApiError, FakeTpu, Faults
+from tests.fake_tpu.strict import StrictError, check
 
 _L = r"/(?P<version>v2|v2alpha1)/projects/(?P<project>[^/]+)/locations/(?P<zone>[^/]+)"
 ROUTES: list[tuple[str, re.Pattern[str], str]] = [
@@ -33,27 +34,41 @@ ROUTES: list[tuple[str, re.Pattern[str], str]] = [
 ]
 
 
-def dispatch(api: FakeTpu, method: str, path: str, query: dict[str, str], body: dict[str, Any]) -> Any:
-    """Route one request; returns the JSON answer or raises ApiError."""
+def route(method: str, path: str) -> tuple[str, dict[str, str]]:
+    """The handler for a request and the path's parts; raises ApiError when there is none."""
     for route_method, pattern, handler in ROUTES:
         match = route_method == method and pattern.match(path)
-        if not match:
-            continue
-        a = match.groupdict()
-        if a["version"] == "v2" and "queued" in handler:  # tpu_node reads queued resources on v2alpha1 only
-            raise ApiError(404, f"The fake serves queuedResources on v2alpha1 only: {path}")
-        if handler == "create_queued":
-            return api.create_queued(a["project"], a["zone"], query, body)
-        if handler == "delete_queued":
-            return api.delete_queued(a["project"], a["zone"], a["id"], query)
-        if handler == "delete_node":
-            return api.delete_node(a["project"], a["zone"], a["id"])
-        if handler == "get_guest_attributes":
-            return api.get_guest_attributes(a["version"], a["zone"], a["id"], body)
-        if handler == "get_operation":
-            return api.get_operation(f"projects/{a['project']}/locations/{a['zone']}/operations/{a['id']}")
-        return getattr(api, handler)(a["zone"], a["id"])
+        if match:
+            return handler, match.groupdict()
     raise ApiError(404, f"The fake has no route for {method} {path}")
+
+
+def dispatch(api: FakeTpu, method: str, path: str, query: dict[str, str], body: dict[str, Any]) -> Any:
+    """Route one request; returns the JSON answer or raises ApiError."""
+    handler, a = route(method, path)
+    if a["version"] == "v2" and "queued" in handler:  # tpu_node reads queued resources on v2alpha1 only
+        raise ApiError(404, f"The fake serves queuedResources on v2alpha1 only: {path}")
+    if handler == "create_queued":
+        return api.create_queued(a["project"], a["zone"], query, body)
+    if handler == "delete_queued":
+        return api.delete_queued(a["project"], a["zone"], a["id"], query)
+    if handler == "delete_node":
+        return api.delete_node(a["project"], a["zone"], a["id"])
+    if handler == "get_guest_attributes":
+        return api.get_guest_attributes(a["version"], a["zone"], a["id"], body)
+    if handler == "get_operation":
+        name = f"projects/{a['project']}/locations/{a['zone']}/operations/{a['id']}"
+        return api.get_operation(name, a["version"])
+    return getattr(api, handler)(a["zone"], a["id"])
+
+
+# Throttling as Google's APIs mark it (google.rpc.ErrorInfo, reason RATE_LIMIT_EXCEEDED): no quota.
+THROTTLED = {
+    "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+    "reason": "RATE_LIMIT_EXCEEDED",
+    "domain": "googleapis.com",
+    "metadata": {"service": "tpu.googleapis.com"},
+}
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -73,10 +88,19 @@ class _Handler(BaseHTTPRequestHandler):
             try:
                 if self.api.faults.status_429:
                     self.api.faults.status_429 -= 1
-                    raise ApiError(429, "Resource has been exhausted (e.g. check quota).")
+                    raise ApiError(429, "Resource has been exhausted (e.g. check quota).", [THROTTLED])
                 status, answer = 200, dispatch(self.api, self.command, parts.path, query, body)
             except ApiError as err:
                 status, answer = err.status, err.body
+            try:  # the answer as the real service could give it, or a 500 that fails the test
+                handler, parts_of = route(self.command, parts.path) if status < 400 else ("", {})
+                check(handler, parts_of.get("version", ""), status, answer)
+            except StrictError as err:
+                self.api.strict_errors.append(f"{self.command} {parts.path}: {err}")
+                status, answer = (
+                    500,
+                    ApiError(500, f"fake answer refused by its own strict check: {err}").body,
+                )
         data = json.dumps(answer).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json; charset=UTF-8")

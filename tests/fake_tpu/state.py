@@ -13,8 +13,17 @@ from what tpu_node sends:
   networkConfig with the region's default subnetwork, networkEndpoints with an internal IP, port
   8470 and an external IP, acceleratorConfig, and the queued resource that owns it.
 - A queued resource goes CREATING -> WAITING_FOR_RESOURCES -> PROVISIONING -> ACTIVE as time passes
-  (then its node is READY), or to FAILED with ``failedData.error`` (capacity, quota). Flex-start
-  running out deletes the node and leaves the request SUSPENDED, as the service does.
+  (then its node is READY), or to FAILED with ``failedData.error`` (capacity, quota), or to FAILED
+  when its ``queueingPolicy`` validUntil passes while it still waits (the service's clock starts at
+  the create). Flex-start running out deletes the node and leaves the request SUSPENDED, as the
+  service does; someone else's delete shows as DELETING until it is gone; a node can be put in any
+  Node.State (``set_node_state``).
+- Quota by provisioning model: on-demand counts against the on-demand quota; spot and flex-start
+  against the preemptible one (https://cloud.google.com/tpu/docs/request-using-flex-start: "ensure
+  you have sufficient preemptible quota").
+- An operation is read on the API version that started it; another version answers 404.
+- Strict on output too: server.py parses every answer with the released client's types
+  (``strict.py``) before it is sent, so a misspelt field fails the request.
 - Errors are Google's JSON shape for gRPC-based APIs: ``{"error": {code, message, status, details}}``;
   quota is RESOURCE_EXHAUSTED (HTTP 429) naming the quota, with a QuotaFailure detail.
 """
@@ -48,11 +57,26 @@ MAX_RUN_SECONDS = 7 * 86400
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 _SA_EMAIL = re.compile(r"[a-z][-a-z0-9]{4,28}[a-z0-9]@[-a-z0-9.:]+\.gserviceaccount\.com")
 STATUS = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 409: "ALREADY_EXISTS", 429: "RESOURCE_EXHAUSTED",
-          412: "FAILED_PRECONDITION", 503: "UNAVAILABLE"}  # fmt: skip
+          412: "FAILED_PRECONDITION", 500: "INTERNAL", 503: "UNAVAILABLE"}  # fmt: skip
+# The live API's stockout, as quoted in https://github.com/GoogleCloudPlatform/magic-modules/pull/7297
+# ("Error code 8, message: There is no more capacity in the zone ...").
 CAPACITY = (
     'There is no more capacity in the zone "{zone}"; you can try in another zone where Cloud TPU Nodes '
     "are offered (see https://cloud.google.com/tpu/docs/regions) [EID: 0x1f2e3d4c5b6a7980]"
 )
+# The live API's two wordings for an accelerator type a zone does not offer, as an outside review of
+# this project quoted them from the service (docs/tpu.md, "Zones and stockouts"). Kept verbatim,
+# not written to fit tpu_node's pattern.
+NOT_OFFERED = {
+    "zonal": 'The requested accelerator configuration for accelerator type, "{accel}", could not be found '
+    'in the zonal accelerator configurations for "{zone}".',
+    "zone": "the accelerator {accel} was not found in zone {zone}.",
+}
+# What the fake answers for a request whose validUntil passed while it waited. The service's own
+# wording for this was not found in a public source: the fake's words, the module must not need them.
+EXPIRED = "The queued resource request expired before resources could be provisioned."
+DEADLINE_EXCEEDED = 4
+QUOTA_FAILURE = "type.googleapis.com/google.rpc.QuotaFailure"
 
 
 class ApiError(Exception):
@@ -81,6 +105,10 @@ class Faults:
     waiting_zones: set[str] = field(default_factory=set)  # requests there wait for resources forever
     quota_zero: set[str] = field(default_factory=set)  # quota names whose limit is 0
     quota_at_create: bool = True  # True: the create answers 429; False: the request FAILS naming it
+    # zone -> a NOT_OFFERED key: the zone offers none of the accelerator types (HTTP 400 / 404)
+    not_offered: dict[str, str] = field(default_factory=dict)
+    # zone -> google.rpc.Status the create operation finishes with (the request is left FAILED)
+    create_op_error: dict[str, dict[str, Any]] = field(default_factory=dict)
     flex_start_zones: set[str] = field(default_factory=lambda: {"us-west4-a"})
     status_429: int = 0  # the next N requests answer 429 (throttling, no quota named)
     hostkeys_delay: float = 0.0  # seconds after a node is READY before worker 0 publishes host keys
@@ -108,6 +136,7 @@ class FakeTpu:
         self.ops: dict[str, dict[str, Any]] = {}
         self.requests_seen: dict[str, str] = {}  # requestId -> operation name
         self.log: list[dict[str, Any]] = []
+        self.strict_errors: list[str] = []  # answers server.py refused to send (strict.py)
         self._ids = itertools.count(1)
         self._timeline: dict[tuple[str, str], dict[str, Any]] = {}
         # node id -> {key type: base64 blob} that worker 0's guest environment publishes under
@@ -120,7 +149,14 @@ class FakeTpu:
         return [r for r in self.log if r["method"] == method and contains in r["path"]]
 
     def _op(
-        self, project: str, zone: str, target: str, verb: str, version: str, response: Any = None
+        self,
+        project: str,
+        zone: str,
+        target: str,
+        verb: str,
+        version: str,
+        response: Any = None,
+        error: dict[str, Any] | None = None,
     ) -> dict:
         name = f"projects/{project}/locations/{zone}/operations/operation-{int(time.time() * 1000)}-{next(self._ids)}"
         op = {
@@ -135,18 +171,27 @@ class FakeTpu:
             },
             "done": False,
         }
-        self.ops[name] = {"op": op, "done_at": time.monotonic() + self.faults.op_delay, "response": response}
+        self.ops[name] = {
+            "op": op,
+            "done_at": time.monotonic() + self.faults.op_delay,
+            "response": response,
+            "version": version,
+            "error": error,
+        }
         return json.loads(json.dumps(op))
 
-    def get_operation(self, name: str) -> dict[str, Any]:
+    def get_operation(self, name: str, version: str) -> dict[str, Any]:
         entry = self.ops.get(name)
-        if not entry:
+        if not entry or entry["version"] != version:  # operations.get of the version that made it
             raise ApiError(404, f"Operation {name} not found")
         op = entry["op"]
         if not op["done"] and time.monotonic() >= entry["done_at"]:
             op["done"] = True
             op["metadata"]["endTime"] = _now()
-            op["response"] = entry["response"] or {"@type": "type.googleapis.com/google.protobuf.Empty"}
+            if entry["error"]:
+                op["error"] = entry["error"]
+            else:
+                op["response"] = entry["response"] or {"@type": "type.googleapis.com/google.protobuf.Empty"}
         return json.loads(json.dumps(op))
 
     # ---- queued resources -------------------------------------------------------------------------
@@ -158,7 +203,7 @@ class FakeTpu:
         self._check_zone(zone)
         request_id = query.get("requestId")
         if request_id and request_id in self.requests_seen:  # a retried create answers the first operation
-            return self.get_operation(self.requests_seen[request_id])
+            return self.get_operation(self.requests_seen[request_id], "v2alpha1")
         qr_id = query.get("queuedResourceId", "")
         if not _ID.match(qr_id):
             raise ApiError(400, f"Invalid queuedResourceId '{qr_id}': must match [a-z]([-a-z0-9]*[a-z0-9])?")
@@ -194,8 +239,11 @@ class FakeTpu:
         email = (node.get("serviceAccount") or {}).get("email")
         if email and not (_SA_EMAIL.fullmatch(email) or email == DEFAULT_SA):
             raise ApiError(400, f"Invalid service account email '{email}'")
-        if accel not in ACCELERATOR_TYPES:
-            raise ApiError(400, f"Accelerator type {accel} is not available in zone {zone}")
+        wording = self.faults.not_offered.get(zone) or ("zonal" if accel not in ACCELERATOR_TYPES else "")
+        if wording:
+            raise ApiError(
+                400 if wording == "zonal" else 404, NOT_OFFERED[wording].format(accel=accel, zone=zone)
+            )
         if runtime not in RUNTIMES:
             raise ApiError(400, f"Runtime version {runtime} is not available in zone {zone}")
         tiers = [t for t in ("spot", "guaranteed", "bestEffort") if t in body]
@@ -219,10 +267,10 @@ class FakeTpu:
         if (zone, qr_id) in self.queued:
             raise ApiError(409, f"Resource '{parent}/queuedResources/{qr_id}' already exists")
         spot = "spot" in body or bool((node.get("schedulingConfig") or {}).get("spot"))
-        quota = QUOTA_SPOT if spot else QUOTA
+        quota = QUOTA_SPOT if spot or model == "FLEX_START" else QUOTA
         if quota in self.faults.quota_zero and self.faults.quota_at_create:
             message = f"Quota limit '{quota}' has been exceeded. Limit: 0 in zone {zone}."
-            raise ApiError(429, message, [{"@type": "type.googleapis.com/google.rpc.QuotaFailure",
+            raise ApiError(429, message, [{"@type": QUOTA_FAILURE,
                                            "violations": [{"subject": f"project:{project}", "description": message}]}])  # fmt: skip
         name = f"{parent}/queuedResources/{qr_id}"
         resource = dict(body, name=name, createTime=_now(), state={"state": "CREATING"})
@@ -235,22 +283,51 @@ class FakeTpu:
         self._timeline[(zone, qr_id)] = {
             "created": start + self.faults.op_delay,
             "decided": start + self.faults.op_delay + self.faults.provision_delay,
+            "expires": start + self._lifetime(body.get("queueingPolicy") or {}),
             "project": project,
             "quota": quota,
         }
         response = dict(resource, **{"@type": "type.googleapis.com/google.cloud.tpu.v2alpha1.QueuedResource"})
-        op = self._op(project, zone, name, "create", "v2alpha1", response)
+        op_error = self.faults.create_op_error.get(zone)
+        if op_error:  # the create fails as an operation; the request stays, FAILED with the same error
+            resource["state"] = {
+                "state": "FAILED",
+                "failedData": {"error": op_error},
+                "stateInitiator": "SERVICE",
+            }
+            self._timeline.pop((zone, qr_id))
+        op = self._op(project, zone, name, "create", "v2alpha1", response, op_error)
         if request_id:
             self.requests_seen[request_id] = op["name"]
         return op
+
+    @staticmethod
+    def _lifetime(policy: dict[str, Any]) -> float:
+        """Seconds from the create until a waiting request expires (validUntil), inf without one."""
+        if "validUntilDuration" in policy:
+            return float(
+                _seconds(policy["validUntilDuration"], "queued_resource.queueing_policy.valid_until_duration")
+            )
+        if "validUntilTime" in policy:
+            until = datetime.fromisoformat(str(policy["validUntilTime"]).replace("Z", "+00:00"))
+            return (until - datetime.now(UTC)).total_seconds()
+        return float("inf")
 
     def _advance(self, zone: str, qr_id: str) -> None:
         """Move a queued resource along its timeline (reads see the service's progress)."""
         qr, line = self.queued[(zone, qr_id)], self._timeline.get((zone, qr_id))
         state = qr["state"]["state"]
+        if line is not None and state == "DELETING" and time.monotonic() >= line.get("gone", float("inf")):
+            del self.queued[(zone, qr_id)]
+            self.nodes.pop((zone, qr["tpu"]["nodeSpec"][0]["nodeId"]), None)
+            return
         if line is None or state not in ("CREATING", "WAITING_FOR_RESOURCES", "PROVISIONING"):
             return
         now = time.monotonic()
+        if now >= line["expires"] and now >= line["created"]:  # still waiting when validUntil passed
+            qr["state"] = {"state": "FAILED", "failedData": {"error": {"code": DEADLINE_EXCEEDED, "message": EXPIRED}},
+                           "stateInitiator": "SERVICE"}  # fmt: skip
+            return
         if now < line["created"]:
             return
         if zone in self.faults.waiting_zones or now < line["decided"]:
@@ -349,13 +426,16 @@ class FakeTpu:
         return json.loads(tpu_v2.GetGuestAttributesResponse.to_json(answer))
 
     def get_queued(self, zone: str, qr_id: str) -> dict[str, Any]:
+        if (zone, qr_id) in self.queued:
+            self._advance(zone, qr_id)
         if (zone, qr_id) not in self.queued:
             raise ApiError(404, f"Resource 'queuedResources/{qr_id}' was not found in {zone}")
-        self._advance(zone, qr_id)
         return json.loads(json.dumps(self.queued[(zone, qr_id)]))
 
     def delete_queued(self, project: str, zone: str, qr_id: str, query: dict[str, str]) -> dict[str, Any]:
         qr = self.get_queued(zone, qr_id)
+        if qr["state"]["state"] == "DELETING":
+            raise ApiError(412, f"Queued resource {qr_id} is already being deleted")
         node_id = qr["tpu"]["nodeSpec"][0]["nodeId"]
         if (zone, node_id) in self.nodes:
             if query.get("force") != "true":
@@ -389,6 +469,18 @@ class FakeTpu:
         qr = self.queued[(zone, qr_id)]
         self.nodes.pop((zone, qr["tpu"]["nodeSpec"][0]["nodeId"]), None)
         qr["state"] = {"state": "SUSPENDED", "suspendedData": {}, "stateInitiator": "SERVICE"}
+
+    def start_deleting(self, zone: str, qr_id: str, seconds: float) -> None:
+        """Someone else deletes the request: DELETING for ``seconds``, then gone with its node."""
+        qr = self.queued[(zone, qr_id)]
+        qr["state"] = {"state": "DELETING", "deletingData": {}, "stateInitiator": "USER"}
+        self._timeline[(zone, qr_id)] = dict(
+            self._timeline.get((zone, qr_id)) or {}, gone=time.monotonic() + seconds
+        )
+
+    def set_node_state(self, zone: str, node_id: str, state: str) -> None:
+        """Put a node in any Node.State the service reports (UNKNOWN, STOPPED, REPAIRING...)."""
+        self.nodes[(zone, node_id)]["state"] = state
 
     def preempt(self, zone: str, node_id: str) -> None:
         """A spot node is preempted: it stays, PREEMPTED, until deleted."""

@@ -25,6 +25,7 @@ QUOTA_SPOT = "TPUV5sPreemptibleLitepodPerProjectPerZoneForTPUAPI"
 def fake() -> Iterator[FakeTpuServer]:
     with FakeTpuServer(Faults(op_delay=0.02, provision_delay=0.1)) as server:
         yield server
+        assert server.api.strict_errors == []  # every answer parsed as the real type (strict.py)
 
 
 def tpu(fake: FakeTpuServer, **params: Any) -> dict[str, Any]:
@@ -66,7 +67,7 @@ def _spec(zone: str = "us-west4-a", **node: Any) -> dict[str, Any]:
         ("us-west4-a", "n1", dict(_spec(), colour="blue"), "Invalid JSON payload"),
         ("us-west4-a", "N_1", _spec(), "queuedResourceId"),
         ("us-west4-a", "n1", _spec(zone="us-east1-c"), "must be the request's parent"),
-        ("us-west4-a", "n1", _spec(acceleratorType="v9-1"), "not available in zone"),
+        ("us-west4-a", "n1", _spec(acceleratorType="v9-1"), "could not be found in the zonal accelerator"),
         ("us-west4-a", "n1", dict(_spec(), spot={}, guaranteed={}), 'multiple "tier" oneof'),
         (
             "us-west4-a",
@@ -143,7 +144,8 @@ def test_spot_and_flex_start_bodies(fake: FakeTpuServer) -> None:
     assert _ok(flex) and flex["provisioning_model"] == "flex-start", flex
     body = _creates(fake)[1]["body"]
     assert body["provisioningModel"] == "FLEX_START" and body["runDuration"] == {"maxRunDuration": "14400s"}
-    assert body["queueingPolicy"] == {"validUntilDuration": "5s"}
+    # zone_wait 5 + operation_timeout 20 + 60 s: the request outlives every wait of the module
+    assert body["queueingPolicy"] == {"validUntilDuration": "85s"}
 
 
 def test_stockout_in_the_first_zone_lands_in_the_next(fake: FakeTpuServer) -> None:
@@ -173,7 +175,7 @@ def test_waiting_too_long_counts_as_no_capacity(fake: FakeTpuServer) -> None:
 
 
 @pytest.mark.parametrize(
-    ("model", "quota"), [("on-demand", QUOTA), ("flex-start", QUOTA), ("spot", QUOTA_SPOT)]
+    ("model", "quota"), [("on-demand", QUOTA), ("flex-start", QUOTA_SPOT), ("spot", QUOTA_SPOT)]
 )
 @pytest.mark.parametrize("at_create", [True, False])
 def test_quota_fails_at_once_naming_it(fake: FakeTpuServer, model: str, quota: str, at_create: bool) -> None:
