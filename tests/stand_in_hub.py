@@ -26,22 +26,140 @@ Faults a test asks for, each once: ``cut_once`` (paths whose next body stops hal
 connection closes, as a dropped network does) and ``corrupt_once`` (paths whose next body has one
 byte changed, its length right). Every request is logged with its method, path, Range and
 Authorization headers, so a test can see what the client asked for.
+
+Every JSON answer (this stand-in's and tests/unit/fake_hub.py's) is held to huggingface_hub's own
+types before it leaves (``check_answer``): the client builds ``ModelInfo(**body)``, ``RepoFile`` and
+``RepoFolder(**entry)`` from them and quietly keeps or drops a key it does not know, so a misspelt
+field would pass unseen. Here a key outside the type's, or a value of the wrong JSON type, is a
+500 naming it (logged, and kept in ``mismatches``); an error body must be the hub's
+``{"error": message}``.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
+import inspect
 import json
+import logging
 import re
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
+
+LOG = logging.getLogger(__name__)
 
 COMMIT = "5f1c3a9e0b7d2c4e6f8091a2b3c4d5e6f7a8b9c0"
 LFS_THRESHOLD = 1024  # files this size or larger are stored in LFS (the hub's own rule is 10 MiB)
+
+
+class ResponseMismatch(Exception):
+    """A body huggingface.co would never send: names the field and what is wrong with it."""
+
+
+_HEX40 = re.compile(r"^[0-9a-f]{40}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+# The keys huggingface_hub 2.4.0 reads from a tree entry (RepoFile / RepoFolder.__init__ in
+# hf_api.py); it drops any other. The hub lists a directory with size 0, which RepoFolder ignores.
+_FILE_KEYS = frozenset({"type", "path", "size", "oid", "lfs", "xetHash", "lastCommit", "securityFileStatus"})
+_FOLDER_KEYS = frozenset({"type", "path", "size", "oid", "lastCommit"})
+_SIBLING_KEYS = frozenset({"rfilename", "size", "blobId", "lfs"})  # ModelInfo's RepoSibling
+_LFS_KEYS = frozenset({"oid", "size", "pointerSize"})  # BlobLfsInfo
+
+
+@functools.cache
+def _model_info_keys() -> frozenset[str]:
+    """The JSON keys ModelInfo.__init__ reads (each ``kwargs.pop("key")`` in its source)."""
+    from huggingface_hub.hf_api import ModelInfo
+
+    keys = set(re.findall(r'kwargs\.pop\("([^"]+)"', inspect.getsource(ModelInfo.__init__)))
+    # It also takes the Python spelling of a few (last_modified beside lastModified, model_index
+    # beside model-index); the hub writes only the other one.
+    for key in list(keys):
+        head, *rest = key.split("_")
+        if rest and (head + "".join(r.capitalize() for r in rest) in keys or key.replace("_", "-") in keys):
+            keys.discard(key)
+    return frozenset(keys)
+
+
+def _typed(
+    where: str, value: Any, kind: type | tuple[type, ...], pattern: re.Pattern[str] | None = None
+) -> None:
+    if (isinstance(value, bool) and kind is int) or not isinstance(value, kind):
+        raise ResponseMismatch(f"{where}: {value!r} is not a JSON {getattr(kind, '__name__', kind)}")
+    if pattern is not None and not pattern.match(value):
+        raise ResponseMismatch(f"{where}: {value!r} is not a {pattern.pattern} hash")
+
+
+def _keys(where: str, entry: Any, allowed: frozenset[str], required: tuple[str, ...]) -> None:
+    if not isinstance(entry, dict):
+        raise ResponseMismatch(f"{where}: {entry!r} is not an object")
+    unknown = set(entry) - allowed
+    if unknown:
+        raise ResponseMismatch(f"{where}.{sorted(unknown)[0]}: not a key huggingface_hub reads there")
+    missing = [key for key in required if key not in entry]
+    if missing:
+        raise ResponseMismatch(f"{where}.{missing[0]}: missing")
+
+
+def _lfs(where: str, lfs: Any) -> None:
+    _keys(where, lfs, _LFS_KEYS, tuple(sorted(_LFS_KEYS)))
+    _typed(f"{where}.oid", lfs["oid"], str, _HEX64)
+    _typed(f"{where}.size", lfs["size"], int)
+    _typed(f"{where}.pointerSize", lfs["pointerSize"], int)
+
+
+def check_answer(kind: str, body: Any) -> None:
+    """Raise ResponseMismatch unless ``body`` is what the hub sends as ``kind``.
+
+    ``kind``: ``model_info`` (GET /api/models/<repo>[/revision/<rev>]), ``tree`` (one page of
+    GET /api/models/<repo>/tree/<rev>) or ``error`` (any error status).
+    """
+    if kind == "error":
+        if not isinstance(body, dict) or set(body) != {"error"} or not isinstance(body["error"], str):
+            raise ResponseMismatch(f"error: {body!r} is not the hub's {{'error': message}}")
+        return
+    if kind == "model_info":
+        from huggingface_hub.hf_api import ModelInfo
+
+        _keys("ModelInfo", body, _model_info_keys(), ("id",))
+        _typed("ModelInfo.id", body["id"], str)
+        if "sha" in body:
+            _typed("ModelInfo.sha", body["sha"], str, _HEX40)
+        if "private" in body:
+            _typed("ModelInfo.private", body["private"], bool)
+        if "gated" in body and body["gated"] not in (False, "auto", "manual"):
+            raise ResponseMismatch(f"ModelInfo.gated: {body['gated']!r} is none of false, 'auto', 'manual'")
+        for index, sibling in enumerate(body.get("siblings") or []):
+            where = f"ModelInfo.siblings[{index}]"
+            _keys(where, sibling, _SIBLING_KEYS, ("rfilename",))
+            _typed(f"{where}.rfilename", sibling["rfilename"], str)
+            if "lfs" in sibling:
+                _lfs(f"{where}.lfs", sibling["lfs"])
+        ModelInfo(**body)  # and the client's own constructor takes it
+        return
+    from huggingface_hub.hf_api import RepoFile, RepoFolder
+
+    _typed("tree", body, list)
+    for index, entry in enumerate(body):
+        where = f"tree[{index}]"
+        folder = isinstance(entry, dict) and entry.get("type") == "directory"
+        _keys(where, entry, _FOLDER_KEYS if folder else _FILE_KEYS, ("type", "path", "oid"))
+        if entry["type"] not in ("file", "directory"):
+            raise ResponseMismatch(f"{where}.type: {entry['type']!r} is neither 'file' nor 'directory'")
+        _typed(f"{where}.path", entry["path"], str)
+        _typed(f"{where}.oid", entry["oid"], str, _HEX40)
+        if folder:
+            RepoFolder(**entry)
+            continue
+        _typed(f"{where}.size", entry.get("size"), int)
+        if "lfs" in entry:
+            _lfs(f"{where}.lfs", entry["lfs"])
+        RepoFile(**entry)
 
 
 def git_oid(data: bytes) -> str:
@@ -80,7 +198,10 @@ class StandInHub:
     def __post_init__(self) -> None:
         self._secret = b"stand-in-cdn-signing-key"
         self._lock = threading.Lock()
+        self.mismatches: list[str] = []  # answers refused because the hub would never send them
         self.servers = [ThreadingHTTPServer(("127.0.0.1", 0), _handler(self, cdn)) for cdn in (False, True)]
+        for server in self.servers:
+            server.mismatches = self.mismatches  # type: ignore[attr-defined]
         self.endpoint, self.cdn = (f"http://127.0.0.1:{s.server_address[1]}" for s in self.servers)
 
     def __enter__(self) -> StandInHub:
@@ -117,6 +238,11 @@ class StandInHub:
             ]
         where = re.compile(rf"/{re.escape(self.repo)}/resolve/[^/]+/{re.escape(path)}")
         return [r for r in self.log if r.method == "GET" and where.fullmatch(r.path)]
+
+    def model_info(self, commit: str) -> dict[str, object]:
+        """The repository at ``commit``, as GET /api/models/<repo>/revision/<rev> answers it."""
+        return {"id": self.repo, "sha": commit, "gated": "manual" if self.gated else False, "private": False,
+                "siblings": [{"rfilename": p} for p in sorted(self.files)]}  # fmt: skip
 
     def tree(self) -> list[dict[str, object]]:
         """The recursive tree listing: directories first in each level, as the hub sorts it."""
@@ -155,8 +281,27 @@ class HubHandler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(body)
 
-    def _json(self, data: object, headers: dict[str, str] | None = None) -> None:
+    def _json(self, data: object, headers: dict[str, str] | None = None, kind: str = "model_info") -> None:
+        """Send a 200 JSON answer once it passed ``check_answer``, else a 500 naming the field."""
+        try:
+            check_answer(kind, data)
+        except ResponseMismatch as exc:
+            LOG.error("hub stand-in answer to %s is not the hub's: %s", self.path, exc)
+            getattr(self.server, "mismatches", []).append(str(exc))
+            message = f"The stand-in's answer is not the hub's: {exc}"
+            self._send(500, json.dumps({"error": message}).encode(),
+                       {"Content-Type": "application/json", "X-Error-Message": message})  # fmt: skip
+            return
         self._send(200, json.dumps(data).encode(), {"Content-Type": "application/json", **(headers or {})})
+
+    def _error(self, status: int, code: str, message: str) -> None:
+        """An error as the hub sends it: ``{"error": message}``, X-Error-Code and X-Error-Message."""
+        body = {"error": message}
+        check_answer("error", body)
+        headers = {"Content-Type": "application/json", "X-Error-Message": message}
+        if code:
+            headers["X-Error-Code"] = code
+        self._send(status, json.dumps(body).encode(), headers)
 
 
 def _handler(hub: StandInHub, cdn: bool) -> type[BaseHTTPRequestHandler]:
@@ -181,16 +326,7 @@ def _handler(hub: StandInHub, cdn: bool) -> type[BaseHTTPRequestHandler]:
                 else:
                     self._resolve(url.path.lstrip("/"))
             except _Reply as reply:
-                body = json.dumps({"error": reply.message}).encode()
-                self._send(
-                    reply.status,
-                    body,
-                    {
-                        "Content-Type": "application/json",
-                        "X-Error-Code": reply.code,
-                        "X-Error-Message": reply.message,
-                    },
-                )
+                self._error(reply.status, reply.code, reply.message)
 
         do_GET = do_HEAD = _handle  # http.server's naming
 
@@ -232,9 +368,7 @@ def _handler(hub: StandInHub, cdn: bool) -> type[BaseHTTPRequestHandler]:
             self._check_access(repo)
             commit = self._revision(unquote(parts[3]))
             if parts[2] == "revision":
-                siblings = [{"rfilename": p} for p in sorted(hub.files)]
-                self._json({"id": repo, "modelId": repo, "sha": commit, "gated": "manual" if hub.gated else False,
-                            "private": False, "siblings": siblings})  # fmt: skip
+                self._json(hub.model_info(commit))
                 return
             if query.get("recursive") != ["true"]:
                 raise _Reply(400, "", "this stand-in serves only recursive listings")
@@ -245,7 +379,7 @@ def _handler(hub: StandInHub, cdn: bool) -> type[BaseHTTPRequestHandler]:
             if start + hub.page_size < len(tree):
                 nxt = f"{hub.endpoint}/api/models/{repo}/tree/{parts[3]}?recursive=true&cursor={start + hub.page_size}"
                 headers["Link"] = f'<{nxt}>; rel="next"'
-            self._json(page, headers)
+            self._json(page, headers, "tree")
 
         def _resolve(self, raw: str) -> None:
             # <owner>/<name>/resolve/<rev>/<path...>

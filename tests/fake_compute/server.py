@@ -8,13 +8,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from tests.fake_compute import strict
 from tests.fake_compute.state import ApiError, DropConnection, FakeCompute, Faults
+
+LOG = logging.getLogger(__name__)
 
 _P = r"/compute/v1/projects/(?P<project>[^/]+)"
 _Z = _P + r"/zones/(?P<zone>[^/]+)"
@@ -48,6 +52,11 @@ MUTATING = frozenset(
 )  # fmt: skip
 
 
+def route(method: str, path: str) -> str | None:
+    """The handler a request goes to, None when the fake has no route for it."""
+    return next((h for m, pattern, h in ROUTES if m == method and pattern.match(path)), None)
+
+
 def dispatch(api: FakeCompute, method: str, path: str, query: dict[str, str], body: dict[str, Any]) -> Any:
     """Route one request; returns the JSON answer or raises ApiError (or DropConnection)."""
     for route_method, pattern, handler in ROUTES:
@@ -56,7 +65,7 @@ def dispatch(api: FakeCompute, method: str, path: str, query: dict[str, str], bo
             continue
         a = match.groupdict()
         if handler == "wait_operation":
-            return api.wait_operation(a["name"])  # outside the lock: it polls
+            return api.wait_operation(a["name"], _op_scope(a))  # outside the lock: it polls
         with api.lock:
             request_id = query.get("requestId") if handler in MUTATING else None
             replay = api.replayed(request_id)
@@ -82,7 +91,7 @@ def _call(api: FakeCompute, handler: str, a: dict[str, str], body: dict[str, Any
     if handler == "insert_instance":
         return api.insert_instance(a["project"], a["zone"], body)
     if handler in ("get_instance", "get_disk"):
-        return getattr(api, handler)(a["zone"], a["name"])
+        return getattr(api, handler)(a["zone"], a["name"], a["project"])
     if handler == "list_instances":
         return api.list_instances(a["zone"])
     if handler in ("delete_instance", "delete_disk"):
@@ -90,14 +99,20 @@ def _call(api: FakeCompute, handler: str, a: dict[str, str], body: dict[str, Any
     if handler == "instance_action":
         return api.instance_action(a["project"], a["zone"], a["name"], a["verb"], body)
     if handler == "get_operation":
-        return api.get_operation(a["name"])
+        return api.get_operation(a["name"], _op_scope(a))
     if handler == "get_firewall":
-        return api.get_firewall(a["name"])
+        return api.get_firewall(a["name"], a["project"])
     if handler == "insert_firewall":
         return api.put_firewall(a["project"], body)
     if handler == "patch_firewall":
         return api.put_firewall(a["project"], body, a["name"])
     return api.delete_firewall(a["project"], a["name"])
+
+
+def _op_scope(a: dict[str, str]) -> str:
+    """projects/P/zones/Z for a zonal operation, projects/P/global for a global one."""
+    zone = a.get("zone")
+    return f"projects/{a['project']}/" + (f"zones/{zone}" if zone else "global")
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -124,6 +139,17 @@ class _Handler(BaseHTTPRequestHandler):
         except DropConnection:
             self.close_connection = True  # the work is done; the caller never hears of it
             return
+        try:
+            strict.check(route(self.command, parts.path), status, answer)
+        except strict.ResponseMismatch as exc:
+            # The client would have ignored the field: fail here instead, naming it.
+            LOG.error("fake Compute answer to %s %s is not the API's: %s", self.command, parts.path, exc)
+            with self.api.lock:
+                self.api.mismatches.append(str(exc))
+            status, answer = (
+                500,
+                ApiError(500, f"The fake's answer is not the API's: {exc}", "backendError").body,
+            )
         data = json.dumps(answer).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json; charset=UTF-8")

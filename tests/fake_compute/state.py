@@ -110,6 +110,32 @@ def fingerprint(value: Any) -> str:
     return base64.b64encode(digest[:8]).decode()
 
 
+# The API's own messages, as it answers them (each quoted where it was published):
+# - notFound (404), with the resource's full path: "The resource
+#   'projects/P/zones/us-central1-a/instanceGroupManagers/N' was not found", the whole JSON body in
+#   https://github.com/GoogleCloudPlatform/magic-modules/pull/4377, an instance's in
+#   https://github.com/cloud-barista/cb-spider/issues/340.
+# - alreadyExists (409): "The resource 'projects/P/global/firewalls/N' already exists",
+#   https://github.com/mesosphere-backup/terraform-dcos/issues/23.
+# - QUOTA_EXCEEDED / quotaExceeded: "Quota 'C2_CPUS' exceeded.  Limit: 50.0 in region us-east1."
+#   (two spaces, as sent), https://github.com/scylladb/scylla-cluster-tests/issues/3649.
+# - ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS, an operation error answered 503 SERVICE UNAVAILABLE:
+#   "The zone 'projects/P/zones/us-east1-c' does not have enough resources available to fulfill the
+#   request.  '(resource type:compute)'.", https://github.com/scylladb/scylla-cluster-tests/issues/12477;
+#   its errorDetails (help link, localizedMessage, errorInfo resource_availability) as in
+#   https://github.com/kubernetes/k8s.io/issues/9834.
+# No public source was found for these, which keep the fake's own wording: the 503 backendError
+# "The service is currently unavailable.", the 429 rateLimitExceeded "Rate Limit Exceeded", the
+# 412 conditionNotMet fingerprint message, and the 400 "invalid" messages of the validation below.
+def _not_found(path: str) -> ApiError:
+    return ApiError(404, f"The resource '{path}' was not found", "notFound")
+
+
+def _scope(project: str | None, path: str) -> str:
+    """A resource's path as the API names it in messages: from projects/ on, when the project is known."""
+    return f"projects/{project}/{path}" if project else path
+
+
 def _invalid(field_path: str, value: Any, why: str) -> ApiError:
     return ApiError(400, f"Invalid value for field '{field_path}': '{value}'. {why}")
 
@@ -149,6 +175,8 @@ class FakeCompute:
         self._ids = itertools.count(1000)
         self._ips = itertools.count(2)
         self.log: list[dict[str, Any]] = []
+        # Answers the fake refused to send because the real API's types do not have them (strict.py).
+        self.mismatches: list[str] = []
 
         # instance id -> {key type: base64 blob}: what the guest environment publishes under
         # hostkeys/ (tests may replace a value to play a guest whose keys changed, or a hostile one).
@@ -231,28 +259,29 @@ class FakeCompute:
             op["progress"] = 100
             op["endTime"] = _now()
 
-    def get_operation(self, name: str) -> dict[str, Any]:
+    def get_operation(self, name: str, scope: str = "") -> dict[str, Any]:
+        """An operation; ``scope`` (projects/P/zones/Z or projects/P/global) names it in a 404."""
         self.tick()
         if name not in self.operations:
-            raise ApiError(404, f"The resource 'operations/{name}' was not found", "notFound")
+            raise _not_found(f"{scope}/operations/{name}" if scope else f"operations/{name}")
         return copy.deepcopy(self.operations[name])
 
-    def wait_operation(self, name: str) -> dict[str, Any]:
+    def wait_operation(self, name: str, scope: str = "") -> dict[str, Any]:
         """Like the API's wait: return when DONE or after a while, whichever comes first."""
         end = time.monotonic() + self.faults.wait_max
         while True:
             with self.lock:
-                op = self.get_operation(name)
+                op = self.get_operation(name, scope)
             if op["status"] == "DONE" or time.monotonic() >= end:
                 return op
             time.sleep(0.005)
 
     # ---- instances ---------------------------------------------------------------------------
-    def get_instance(self, zone: str, name: str) -> dict[str, Any]:
+    def get_instance(self, zone: str, name: str, project: str | None = None) -> dict[str, Any]:
         self.tick()
         inst = self.instances.get((zone, name))
         if inst is None:
-            raise ApiError(404, f"The resource 'zones/{zone}/instances/{name}' was not found", "notFound")
+            raise _not_found(_scope(project, f"zones/{zone}/instances/{name}"))
         return copy.deepcopy(inst)
 
     def get_guest_attributes(self, project: str, zone: str, name: str, query: dict[str, str]) -> dict:
@@ -261,7 +290,7 @@ class FakeCompute:
         The guest environment writes its host keys at boot, and only when the instance metadata has
         enable-guest-attributes=TRUE; until then the path is not found (404), as in the API.
         """
-        inst = self.get_instance(zone, name)
+        inst = self.get_instance(zone, name, project)
         path, variable = query.get("queryPath"), query.get("variableKey")
         if bool(path) == bool(variable):
             raise ApiError(400, "Exactly one of queryPath and variableKey must be set.", "invalid")
@@ -304,7 +333,10 @@ class FakeCompute:
     def list_instances(self, zone: str) -> dict[str, Any]:
         self.tick()
         items = [copy.deepcopy(v) for (z, _), v in sorted(self.instances.items()) if z == zone]
-        return {"kind": "compute#instanceList", "items": items}
+        answer: dict[str, Any] = {"kind": "compute#instanceList"}
+        if items:  # the API leaves an empty list out
+            answer["items"] = items
+        return answer
 
     def insert_instance(self, project: str, zone: str, body: dict[str, Any]) -> dict:
         faults = self.faults
@@ -798,7 +830,7 @@ class FakeCompute:
         return disk
 
     def delete_instance(self, project: str, zone: str, name: str) -> dict[str, Any]:
-        inst = self.get_instance(zone, name)
+        inst = self.get_instance(zone, name, project)
         self.instances[(zone, name)]["status"] = "STOPPING"
 
         def apply() -> None:
@@ -816,7 +848,7 @@ class FakeCompute:
         )
 
     def instance_action(self, project: str, zone: str, name: str, verb: str, body: dict[str, Any]) -> dict:
-        inst = self.get_instance(zone, name)
+        inst = self.get_instance(zone, name, project)
         live = self.instances[(zone, name)]
         stopped = inst["status"] == STOPPED
         needs_stop = {"setMachineType", "setMachineResources", "setServiceAccount"}
@@ -946,18 +978,18 @@ class FakeCompute:
         """Seed a detached disk, as a previous teardown leaves the data disk."""
         self._new_disk(project, zone, name, {"diskSizeGb": str(size_gb), "diskType": disk_type})
 
-    def get_disk(self, zone: str, name: str) -> dict[str, Any]:
+    def get_disk(self, zone: str, name: str, project: str | None = None) -> dict[str, Any]:
         self.tick()
         disk = self.disks.get((zone, name))
         if disk is None:
-            raise ApiError(404, f"The resource 'zones/{zone}/disks/{name}' was not found", "notFound")
+            raise _not_found(_scope(project, f"zones/{zone}/disks/{name}"))
         out = copy.deepcopy(disk)
         if not out["users"]:
             del out["users"]
         return out
 
     def delete_disk(self, project: str, zone: str, name: str) -> dict[str, Any]:
-        disk = self.get_disk(zone, name)
+        disk = self.get_disk(zone, name, project)
         if disk.get("users"):
             raise ApiError(
                 400,
@@ -973,17 +1005,21 @@ class FakeCompute:
         )
 
     # ---- firewalls ---------------------------------------------------------------------------
-    def get_firewall(self, name: str) -> dict[str, Any]:
+    def get_firewall(self, name: str, project: str | None = None) -> dict[str, Any]:
         if name not in self.firewalls:
-            raise ApiError(404, f"The resource 'global/firewalls/{name}' was not found", "notFound")
+            raise _not_found(_scope(project, f"global/firewalls/{name}"))
         return copy.deepcopy(self.firewalls[name])
 
     def put_firewall(self, project: str, body: dict[str, Any], name: str | None = None) -> dict[str, Any]:
         fw_name = name or body["name"]
         if name is None and fw_name in self.firewalls:
-            raise ApiError(409, f"The resource 'firewalls/{fw_name}' already exists", "alreadyExists")
+            raise ApiError(
+                409,
+                f"The resource 'projects/{project}/global/firewalls/{fw_name}' already exists",
+                "alreadyExists",
+            )
         if name is not None and name not in self.firewalls:
-            raise ApiError(404, f"The resource 'global/firewalls/{name}' was not found", "notFound")
+            raise _not_found(f"projects/{project}/global/firewalls/{name}")
 
         def apply() -> None:
             merged = dict(self.firewalls.get(fw_name, {}), **body)
@@ -1003,7 +1039,7 @@ class FakeCompute:
         )
 
     def delete_firewall(self, project: str, name: str) -> dict[str, Any]:
-        self.get_firewall(name)
+        self.get_firewall(name, project)
         return self._operation(
             project,
             None,
@@ -1034,6 +1070,33 @@ def _stockout(project: str, zone: str) -> dict[str, Any]:
         "code": "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
         "message": f"The zone 'projects/{project}/zones/{zone}' does not have enough resources available to "
         "fulfill the request.  '(resource type:compute)'.",
+        "errorDetails": [
+            {
+                "help": {
+                    "links": [
+                        {
+                            "description": "Troubleshooting documentation",
+                            "url": "https://cloud.google.com/compute/docs/resource-error",
+                        }
+                    ]
+                }
+            },
+            {
+                "localizedMessage": {
+                    "locale": "en-US",
+                    "message": f"A VM instance is currently unavailable in the {zone} zone. Alternatively, "
+                    "you can try your request again with a different VM hardware configuration or at a "
+                    "later time. For more information, see the troubleshooting documentation.",
+                }
+            },
+            {
+                "errorInfo": {
+                    "domain": "compute.googleapis.com",
+                    "reason": "resource_availability",
+                    "metadatas": {"zone": zone, "zonesAvailable": ""},
+                }
+            },
+        ],
         "_http": 503,
     }
 

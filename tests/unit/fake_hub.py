@@ -35,8 +35,7 @@ class FakeHub:
                 auth = self.headers.get("Authorization", "")
                 hub.log.append({"method": self.command, "path": path, "authorization": auth})
                 if auth != f"Bearer {hub.token}":
-                    self._send(401, b'{"error": "Access to this gated repo is restricted"}',
-                               {"X-Error-Code": "GatedRepo"})  # fmt: skip
+                    self._error(401, "GatedRepo", "Access to this gated repo is restricted")
                     return
                 api = f"/api/models/{hub.repo}"
                 if path.startswith(f"{api}/revision/"):
@@ -48,21 +47,24 @@ class FakeHub:
                         [
                             {"type": "file", "path": name, "size": len(data), "oid": _oid(data)}
                             for name, data in hub.files.items()
-                        ]
+                        ],
+                        kind="tree",
                     )
                 elif path.startswith(f"/{hub.repo}/resolve/"):
                     name = path.split("/resolve/", 1)[1].split("/", 1)[1]
                     if name not in hub.files:
-                        self._send(404, b"{}", {"X-Error-Code": "EntryNotFound"})
+                        self._error(404, "EntryNotFound", f'{name} does not exist on "{SHA}"')
                         return
                     data = hub.files[name]
                     self._send(200, data, {"X-Repo-Commit": SHA, "ETag": f'"{_oid(data)}"'})
                 else:
-                    self._send(404, b"{}", {"X-Error-Code": "RepoNotFound"})
+                    self._error(404, "RepoNotFound", "Repository not found")
 
             do_GET = do_HEAD = _handle  # http.server's naming
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.mismatches: list[str] = []  # answers refused because the hub would never send them
+        self.server.mismatches = self.mismatches  # type: ignore[attr-defined]
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
