@@ -240,9 +240,10 @@ def test_overhead_per_request(gateway, local_rig, figure) -> None:
     go to the same vLLM."""
     model = served_models(local_rig.port)[0]
     ctl = ("exec", "gemma-gateway", "/usr/local/libexec/gemma-rig/gateway-ctl")
-    timings: dict[str, dict[str, list[float]]] = {"tokenize": {}, "chat": {}}
+    # Only the served paths (rig_served_paths): a one-token completion is the cheapest request left.
+    timings: dict[str, dict[str, list[float]]] = {"completion": {}, "chat": {}}
     requests = {
-        "tokenize": ("/tokenize", {"model": model, "prompt": "What is the capital of France?"}, 60),
+        "completion": ("/v1/completions", {"model": model, "prompt": "Hi", "max_tokens": 1}, 40),
         "chat": (
             "/v1/chat/completions",
             {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1},
