@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Build the systemd base images the local rig and the molecule scenarios run in, from
 # debootstrap (no container registry needed). Images that exist are reused.
-#   scripts/build-images.sh [SUITE...]     default: bookworm trixie jammy (jammy: Ubuntu 22.04, the
-#                                          TPU VM's base, for the tpu scenario)
+#   scripts/build-images.sh [SUITE...]     default: bookworm trixie noble (noble: Ubuntu 24.04, whose
+#                                          own archive has Python 3.12, for the tpu scenario and the
+#                                          tests that run tpu-inference's JAX)
 # RIG_DEBIAN_MIRROR overrides debootstrap's default Debian mirror, RIG_UBUNTU_MIRROR its Ubuntu one.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -30,13 +31,22 @@ ubuntu_keyring() {  # ubuntu_keyring SUITE -> prints the keyring's path
   echo "$keyring"
 }
 
+# debootstrap's script for an Ubuntu suite. Debian 12's debootstrap (1.0.128) has none for noble,
+# which is released after it; every Ubuntu suite's script is a link to gutsy, which handles the
+# suites it does not name as the newest (merged /usr), so gutsy stands in for one it lacks.
+ubuntu_script() {  # ubuntu_script SUITE -> prints the script's path
+  local dir=/usr/share/debootstrap/scripts
+  if [ -e "$dir/$1" ]; then echo "$dir/$1"; else echo "$dir/gutsy"; fi
+}
+
 build_one() {
   local suite=$1 image="localhost/gemma-rig-base:$1" base="localhost/debian-minbase:$1"
   if podman image exists "$image"; then say "image $image exists, reused"; return; fi
   if ! podman image exists "$base"; then
     local rootfs="$BUILD/rootfs-$suite" extra=()
     case $suite in
-      jammy|noble) extra=(--keyring="$(ubuntu_keyring "$suite")" --components=main,universe "$suite" "$rootfs" ${RIG_UBUNTU_MIRROR:+"$RIG_UBUNTU_MIRROR"}) ;;
+      jammy|noble) extra=(--keyring="$(ubuntu_keyring "$suite")" --components=main,universe "$suite" "$rootfs"
+        "${RIG_UBUNTU_MIRROR:-http://archive.ubuntu.com/ubuntu}" "$(ubuntu_script "$suite")") ;;
       *) extra=("$suite" "$rootfs" ${RIG_DEBIAN_MIRROR:+"$RIG_DEBIAN_MIRROR"}) ;;
     esac
     as_root rm -rf "$rootfs"
@@ -53,6 +63,6 @@ build_one() {
 command -v podman >/dev/null || die "podman is not installed: run scripts/setup.sh first"
 command -v debootstrap >/dev/null || die "debootstrap is not installed: run scripts/setup.sh first"
 mkdir -p "$BUILD"
-for suite in "${@:-bookworm trixie jammy}"; do
+for suite in "${@:-bookworm trixie noble}"; do
   for s in $suite; do build_one "$s"; done
 done

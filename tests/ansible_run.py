@@ -28,7 +28,8 @@ class PlaybookRun:
     recap: dict[str, dict[str, int]]
 
     def total(self, key: str, hosts: Iterable[str] = ()) -> int:
-        """Sum one recap counter (ok, changed, failed, ...) over all hosts.
+        """Sum one recap counter (ok, changed, failed, ...) over the hosts named, or every host
+        when ``hosts`` is empty.
 
         A run without a PLAY RECAP (a syntax error, a crash) has no counters at all: reading one
         from it raises instead of answering 0, and so does a run whose recap lacks a host named
@@ -38,10 +39,11 @@ class PlaybookRun:
             raise RecapMissing(
                 f"ansible-playbook printed no PLAY RECAP (rc {self.rc}):\n{self.output[-3000:]}"
             )
-        missing = sorted(set(hosts) - set(self.recap))
+        named = set(hosts)
+        missing = sorted(named - set(self.recap))
         if missing:
             raise RecapMissing(f"the PLAY RECAP has no line for {', '.join(missing)}: {sorted(self.recap)}")
-        return sum(counts.get(key, 0) for counts in self.recap.values())
+        return sum(counts.get(key, 0) for host, counts in self.recap.items() if not named or host in named)
 
     def slowest(self, n: int = 3) -> str:
         """The n slowest tasks from profile_tasks' closing list, for a figure: where the time went."""

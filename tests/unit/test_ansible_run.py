@@ -54,6 +54,18 @@ def test_every_expected_host_must_be_in_the_recap() -> None:
         run.total("changed", hosts=["rig-local", "rig-b"])
 
 
+def test_total_sums_only_the_hosts_named() -> None:
+    """Named hosts: their counters alone (one host's changes are not another's); none: every host."""
+    run = _run(OUTPUT)
+    assert run.total("changed", hosts=["rig-local"]) == 0
+    assert run.total("changed", hosts=["localhost"]) == 1
+    assert run.total("ok", hosts=["rig-local"]) == 40
+    assert run.total("ok", hosts=("localhost", "rig-local")) == 43
+    assert run.total("ok") == 43
+    # A generator of names is read once, for both the check and the sum.
+    assert run.total("skipped", hosts=(h for h in ["rig-local"])) == 5
+
+
 def test_slowest_reads_profile_tasks_closing_list(tmp_path: Path) -> None:
     """ansible.cfg's profile_tasks lists every task's time at the end; slowest() names the longest."""
     play = tmp_path / "play.yml"

@@ -13,10 +13,11 @@ inventory and roles, for:
   one switch dropped, a JSON one and a new one added).
 
 tpu.env comes from roles/rig_config (tasks ``render``, in memory) and the unit from
-roles/vllm_service (tasks ``unit``), as the real plays do. The golden files are in
-tests/golden/<case>/. After a deliberate change, regenerate them with
+roles/vllm_service (tasks ``unit``), as the real plays do (tests/golden/render.py). The golden
+files are in tests/golden/<case>/, and this test only reads them. After a deliberate change,
+regenerate them by hand with
 
-    GOLDEN_UPDATE=1 .venv/bin/pytest -q tests/unit/test_rendered_golden.py
+    .venv/bin/python -m tests.golden.update
 
 and review ``git diff tests/golden`` (the diff is the change the rigs will see).
 """
@@ -24,114 +25,22 @@ and review ``git diff tests/golden`` (the diff is the change the rigs will see).
 from __future__ import annotations
 
 import difflib
-import json
-import os
 import re
-import subprocess
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.conftest import ROOT, VENV_BIN
-
-GOLDEN = ROOT / "tests" / "golden"
-FILES = ("tpu.env", "vllm.service")
-# Host variables of the extra case; a test-only key, never a real one.
-OPEN_VARS = {
-    "rig_model": "google-w4a16",
-    "rig_endpoint_open": True,
-    "rig_endpoint_source_ranges": ["203.0.113.0/24"],
-    "rig_api_key": "sk-golden-0123456789abcdef",
-}
-HOST_FLAGS_VARS = {
-    "rig_vllm_host_flags": {
-        "max-num-seqs": 2,
-        "enforce-eager": None,
-        "speculative-config": {"method": "ngram", "num_speculative_tokens": 4},
-        "seed": 7,
-        "enable-prefix-caching": True,
-    }
-}
-CASES = {
-    "local": "rig-local",
-    "gce": "gemma-rig-1",
-    "tpu": "gemma-tpu-1",
-    "gce-open": "golden-gce-open",
-    "local-host-flags": "golden-local-host-flags",
-}
+from tests.golden import update
+from tests.golden.render import CASES, FILES, GOLDEN, render
 
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Render every case into one directory; return it."""
+    """Every case rendered into one directory (tests/golden/render.py)."""
     out = tmp_path_factory.mktemp("rendered")
-    extra = out / "hosts.yml"
-    extra.write_text(
-        yaml.safe_dump(
-            {
-                "rigs": {
-                    "children": {
-                        "gce": {"hosts": {CASES["gce-open"]: OPEN_VARS}},
-                        "local": {"hosts": {CASES["local-host-flags"]: HOST_FLAGS_VARS}},
-                    }
-                }
-            }
-        )
-    )
-    case_of = {host: case for case, host in CASES.items()}
-    play = [
-        {
-            "hosts": ",".join(CASES.values()),
-            "gather_facts": False,
-            "vars": {"golden_dir": f"{out}/{{{{ {json.dumps(case_of)}[inventory_hostname] }}}}"},
-            "tasks": [
-                {
-                    "name": "Create the case directory",
-                    "ansible.builtin.file": {
-                        "path": "{{ golden_dir }}",
-                        "state": "directory",
-                        "mode": "0755",
-                    },
-                },
-                {
-                    # validate looks the model up in the catalog; render reads what it found.
-                    "name": "Check the variables",
-                    "ansible.builtin.include_role": {"name": "rig_config", "tasks_from": "validate"},
-                },
-                {
-                    "name": "Render tpu.env",
-                    "ansible.builtin.include_role": {"name": "rig_config", "tasks_from": "render"},
-                },
-                {
-                    "name": "Write tpu.env",
-                    "ansible.builtin.copy": {
-                        "content": "{{ _rig_config_rendered }}",
-                        "dest": "{{ golden_dir }}/tpu.env",
-                        "mode": "0644",
-                    },
-                },
-                {
-                    "name": "Render the unit",
-                    "ansible.builtin.include_role": {"name": "vllm_service", "tasks_from": "unit"},
-                    "vars": {"_vllm_service_unit_path": "{{ golden_dir }}/vllm.service"},
-                },
-            ],
-        }
-    ]
-    playbook = out / "play.yml"
-    playbook.write_text(yaml.safe_dump(play, sort_keys=False))
-    evars = {
-        "ansible_connection": "local",
-        "ansible_python_interpreter": str(VENV_BIN / "python"),
-        "vllm_service_start": False,  # nothing is started; the handler restarts nothing
-    }
-    cmd = [str(VENV_BIN / "ansible-playbook")]
-    for inventory in (*(ROOT / "inventory" / f"{name}.yml" for name in ("local", "gce", "tpu")), extra):
-        cmd += ["-i", str(inventory)]
-    cmd += ["-e", json.dumps(evars), str(playbook)]
-    res = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ), capture_output=True, text=True, check=False)
-    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+    render(out)
     return out
 
 
@@ -140,10 +49,7 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_rendered_matches_golden(rendered: Path, case: str, name: str) -> None:
     got = (rendered / case / name).read_bytes()
     golden = GOLDEN / case / name
-    if os.environ.get("GOLDEN_UPDATE"):
-        golden.parent.mkdir(parents=True, exist_ok=True)
-        golden.write_bytes(got)
-    assert golden.exists(), f"{golden} is missing: run with GOLDEN_UPDATE=1 to create it"
+    assert golden.exists(), f"{golden} is missing: `.venv/bin/python -m tests.golden.update` writes it"
     want = golden.read_bytes()
     diff = "".join(
         difflib.unified_diff(
@@ -154,6 +60,50 @@ def test_rendered_matches_golden(rendered: Path, case: str, name: str) -> None:
         )
     )
     assert got == want, f"rendered {case}/{name} differs from the golden file:\n{diff}"
+
+
+def test_the_comparison_never_writes_the_golden_files(
+    rendered: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A golden file that differs, or is missing, fails the comparison and stays as it was, whatever
+    the environment says (GOLDEN_UPDATE=1 once made the test write what it compares against)."""
+    golden = tmp_path / "golden"
+    for case in CASES:
+        shutil.copytree(rendered / case, golden / case)
+    stale = golden / "tpu" / "tpu.env"
+    stale.write_bytes(stale.read_bytes() + b"RIG_STALE=1\n")
+    before = stale.read_bytes()
+    missing = golden / "gce" / "vllm.service"
+    missing.unlink()
+    monkeypatch.setattr(sys.modules[__name__], "GOLDEN", golden)
+    monkeypatch.setenv("GOLDEN_UPDATE", "1")
+    with pytest.raises(AssertionError, match="differs from the golden file"):
+        test_rendered_matches_golden(rendered, "tpu", "tpu.env")
+    assert stale.read_bytes() == before
+    with pytest.raises(AssertionError, match="is missing"):
+        test_rendered_matches_golden(rendered, "gce", "vllm.service")
+    assert not missing.exists()
+
+
+def test_update_writes_what_is_rendered(
+    rendered: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """tests/golden/update.py (run by hand) writes each rendered file over its golden one, only
+    those that differ, and creates a missing one; here over a copy of the golden files, rendered
+    by the same play the comparison uses (this module's fixture)."""
+    golden = tmp_path / "golden"
+    for case in CASES:
+        shutil.copytree(GOLDEN / case, golden / case)
+    (golden / "tpu" / "tpu.env").write_text("RIG_STALE=1\n")
+    (golden / "gce" / "vllm.service").unlink()
+    monkeypatch.setattr(update, "GOLDEN", golden)
+    monkeypatch.setattr(update, "render", lambda out: shutil.copytree(rendered, out, dirs_exist_ok=True))
+    assert update.main() == 0
+    for case in CASES:
+        for name in FILES:
+            assert (golden / case / name).read_bytes() == (rendered / case / name).read_bytes(), (case, name)
+    wrote = sorted(line.split("/", 1)[1] for line in capsys.readouterr().out.splitlines())
+    assert wrote == ["golden/gce/vllm.service", "golden/tpu/tpu.env"]
 
 
 def env_keys(text: str) -> list[str]:

@@ -2,15 +2,15 @@
 
 Both are keyed by version: ``build/wheels-tpu/`` holds the wheel as pip downloaded it,
 ``build/tpu-inference-<version>/`` its unpacked ``tpu_inference`` package (every file checked
-against the wheel's RECORD), ``build/jax-cpu-<version>/`` a virtualenv with the ``jax`` and
-``jaxlib`` that the wheel's METADATA pins. A second run finds them and downloads nothing.
+against the wheel's RECORD), ``build/jax-cpu-<version>-cp312/`` the CPython 3.12 wheels of the
+``jax`` and ``jaxlib`` that the wheel's METADATA pins, and a command that runs them in the set-up's
+Ubuntu 24.04 image. A second run finds them and downloads nothing.
 """
 
 from __future__ import annotations
 
 import base64
 import csv
-import glob
 import hashlib
 import io
 import os
@@ -96,44 +96,75 @@ def pinned_jax() -> str:
     return m.group(1)
 
 
-def _runs(python: str) -> bool:
-    """Whether ``python`` starts (a pyenv shim on PATH may name a version pyenv has not selected)."""
-    try:
-        return (
-            subprocess.run([python, "-c", "pass"], capture_output=True, timeout=60, check=False).returncode
-            == 0
-        )
-    except OSError:
-        return False
-
-
-def _python_312() -> str:
-    """An interpreter >= 3.12 that runs: jax 0.11 publishes wheels for those only (the controller
-    has 3.11). pyenv's own builds first (this project's machines have them), then PATH."""
-    candidates = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.1[23]*/bin/python3")), reverse=True)
-    candidates += [found for name in ("python3.13", "python3.12") if (found := shutil.which(name))]
-    for candidate in candidates:
-        if _runs(candidate):
-            return candidate
-    raise AssertionError(
-        f"no Python 3.12 or newer that runs (tried {candidates or 'none'}; python3.12 on PATH or under "
-        "~/.pyenv): jax 0.11 needs one"
-    )
+# Where the pinned jax runs: jax 0.11 publishes wheels for CPython 3.12 and newer only, and the
+# controller's Python is Debian 12's 3.11. The set-up's Ubuntu 24.04 image has 3.12 as its python3
+# (scripts/build-images.sh noble), so nothing here depends on an interpreter only some machines have.
+JAX_IMAGE = "localhost/gemma-rig-base:noble"
+# The wheels noble's glibc (2.39) can load: pip takes each platform tag it is given, and no older.
+_JAX_PLATFORMS = [f"manylinux_2_{minor}_x86_64" for minor in range(39, 16, -1)] + ["manylinux2014_x86_64"]
+_WRAPPER = """#!/usr/bin/env bash
+# python3.12 in {image}, with the pinned CPU jax on its path: what tests/unit/tpu_wheel.py
+# jax_python() returns. Each argument that names a file or directory is mounted read-only at the
+# same path (its directory, for a file), so a script and what it reads can be given by path.
+set -euo pipefail
+mounts=()
+declare -A seen=()
+for arg in "$@"; do
+  [ -e "$arg" ] || continue
+  dir=$(realpath -- "$arg"); [ -d "$dir" ] || dir=$(dirname -- "$dir")
+  [ -n "${{seen[$dir]:-}}" ] || {{ seen[$dir]=1; mounts+=(-v "$dir:$dir:ro"); }}
+done
+export CONTAINERS_CONF={containers_conf}
+# podman reads its per-user files under HOME, which a caller's bare environment may leave out.
+export HOME=${{HOME:-$(getent passwd "$(id -u)" | cut -d: -f6)}}
+exec podman run --rm -i --network none --pull never -v {site}:{site}:ro "${{mounts[@]}}" \\
+  -e PYTHONPATH={site} ${{JAX_PLATFORMS:+-e JAX_PLATFORMS}} {image} python3.12 -s "$@"
+"""
 
 
 def jax_python() -> Path:
-    """A virtualenv's python with the CPU jax/jaxlib that tpu-inference pins (made once, ~40 s)."""
+    """A command that runs Python 3.12 with the CPU jax/jaxlib that tpu-inference pins, as a
+    python would be run: the controller's pip installs the cp312 wheels into a directory once
+    (~1 min), and the command runs the set-up's Ubuntu 24.04 image's python3.12 on it."""
     version = pinned_jax()
-    venv = BUILD / f"jax-cpu-{version}"
-    python = venv / "bin" / "python"
-    stamp = venv / ".complete"
+    home = BUILD / f"jax-cpu-{version}-cp312"
+    site = home / "site-packages"
+    python = home / "python"
+    stamp = home / ".complete"
+    probe = subprocess.run(
+        ["podman", "image", "exists", JAX_IMAGE],
+        env={**os.environ, "CONTAINERS_CONF": str(ROOT / "files" / "containers.conf")},
+        check=False,
+        timeout=60,
+    )
+    assert probe.returncode == 0, (
+        f"no image {JAX_IMAGE}: run scripts/setup.sh (or scripts/build-images.sh noble)"
+    )
     if not stamp.exists():
-        shutil.rmtree(venv, ignore_errors=True)
-        subprocess.run([_python_312(), "-m", "venv", str(venv)], check=True, timeout=300)
+        shutil.rmtree(home, ignore_errors=True)
         subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", f"jax=={version}", f"jaxlib=={version}"],
+            [
+                str(VENV_BIN / "pip"),
+                "install",
+                "-q",
+                "--target",
+                str(site),
+                "--only-binary=:all:",
+                "--implementation",
+                "cp",
+                "--python-version",
+                "3.12",
+                *(arg for platform in _JAX_PLATFORMS for arg in ("--platform", platform)),
+                "--no-warn-conflicts",  # pip checks the controller's venv, which --target leaves alone
+                f"jax=={version}",
+                f"jaxlib=={version}",
+            ],
             check=True,
             timeout=900,
         )
         stamp.write_text(version + "\n")
+    python.write_text(
+        _WRAPPER.format(image=JAX_IMAGE, site=site, containers_conf=ROOT / "files" / "containers.conf")
+    )
+    python.chmod(0o755)
     return python

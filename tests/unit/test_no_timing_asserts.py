@@ -1,0 +1,115 @@
+"""No unit or controller test asserts how long something took: time on a shared two-core machine is
+a figure (the `figure` fixture), never a pass or a fail. A wait for a state, with a deadline, is not
+a timing assertion (the state is what it checks), and neither is a duration that must be positive.
+
+The check reads each test function's syntax: the names it assigns from the clock (time.monotonic,
+perf_counter, time.time), from those, or appends such values to; then any assert that orders such a
+value against another (<, <=, >, >=), unless one side is a deadline or the bound is zero."""
+
+from __future__ import annotations
+
+import ast
+
+from tests.conftest import ROOT
+
+DIRS = ("tests/unit", "tests/controller")
+CLOCKS = {"monotonic", "perf_counter", "time", "monotonic_ns", "perf_counter_ns"}
+ORDER = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
+
+
+def _names(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _reads_clock(node: ast.AST) -> bool:
+    return any(
+        isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr in CLOCKS
+        and isinstance(n.func.value, ast.Name)
+        and n.func.value.id == "time"
+        for n in ast.walk(node)
+    )
+
+
+def _timed_names(func: ast.AST) -> set[str]:
+    """Names holding a clock reading or a value computed from one (to a fixed point)."""
+    timed: set[str] = set()
+    while True:
+        before = len(timed)
+        for node in ast.walk(func):
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.value is not None:
+                if _reads_clock(node.value) or _names(node.value) & timed:
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    timed |= {n for t in targets for n in _names(t)}
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "append"
+                and isinstance(node.func.value, ast.Name)
+                and any(_reads_clock(a) or _names(a) & timed for a in node.args)
+            ):
+                timed.add(node.func.value.id)
+        if len(timed) == before:
+            return timed
+
+
+def _is_exempt(side: ast.AST) -> bool:
+    """A deadline (a wait for a state), or a zero bound (a duration that must be positive)."""
+    if any("deadline" in name for name in _names(side)):
+        return True
+    return isinstance(side, ast.Constant) and side.value == 0
+
+
+def timing_asserts(source: str) -> list[int]:
+    """Line numbers of the asserts in ``source``'s test functions that order a clock-derived value."""
+    found = []
+    for func in ast.walk(ast.parse(source)):
+        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) or not func.name.startswith("test"):
+            continue
+        timed = _timed_names(func)
+        for node in ast.walk(func):
+            if not isinstance(node, ast.Assert):
+                continue
+            for cmp in (n for n in ast.walk(node.test) if isinstance(n, ast.Compare)):
+                sides = [cmp.left, *cmp.comparators]
+                for op, left, right in zip(cmp.ops, sides[:-1], sides[1:], strict=True):
+                    involved = [s for s in (left, right) if _reads_clock(s) or _names(s) & timed]
+                    if isinstance(op, ORDER) and involved and not (_is_exempt(left) or _is_exempt(right)):
+                        found.append(node.lineno)
+    return sorted(set(found))
+
+
+def test_the_check_finds_each_kind_of_timing_assertion() -> None:
+    """What this project's tests once asserted: a bound on an elapsed time, on a value measured
+    from the clock, and on a statistic of such values; and what they may keep."""
+    source = """
+import statistics, time
+def test_bound():
+    t0 = time.monotonic()
+    assert time.monotonic() - t0 < 60
+def test_measured():
+    started = time.monotonic()
+    first_at = time.monotonic() - started
+    assert first_at < 0.25
+def test_statistic():
+    hops = []
+    last = time.monotonic()
+    hops.append(time.monotonic() - last)
+    assert statistics.median(hops[1:]) < 0.1
+def test_allowed():
+    deadline = time.monotonic() + 5
+    while True:
+        assert time.monotonic() < deadline
+    wall = time.monotonic() - deadline
+    assert wall > 0
+"""
+    assert timing_asserts(source) == [5, 9, 14]
+
+
+def test_no_test_asserts_a_time() -> None:
+    found = []
+    for directory in DIRS:
+        for path in sorted((ROOT / directory).rglob("*.py")):
+            found += [f"{path.relative_to(ROOT)}:{line}" for line in timing_asserts(path.read_text())]
+    assert found == [], "report these with the `figure` fixture instead (CONTRIBUTING.md)"
