@@ -16,6 +16,7 @@ from typing import Any
 
 import ansible.module_utils
 from ansible.module_utils import _internal
+from ansible.module_utils.common import warnings as module_warnings
 from ansible.module_utils.testing import patch_module_args
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,6 +50,10 @@ def run_module(
     args["_ansible_check_mode"] = check
     args["_ansible_diff"] = diff
     out = io.StringIO()
+    # A module starts in a fresh process with no warnings queued: one left over from an earlier
+    # run in this process would otherwise show in this run's result.
+    module_warnings._global_warnings.clear()
+    module_warnings._global_deprecations.clear()
     # A module runs in its own process on the target, where ansible-core knows it is not the
     # controller. Once any test in this process imports controller code (a lookup plugin's tests
     # do, at collection), module.warn() would go to the controller's display instead of the result.
