@@ -20,6 +20,7 @@ import argparse
 import functools
 import hmac
 import ipaddress
+import logging
 import os
 import re
 import stat
@@ -39,13 +40,15 @@ from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
-from mcp_types import ToolAnnotations
+from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field
 
 from rig_mcp import capacity
 from rig_mcp.locks import Busy, RigLocks, UnsafeLockDir, default_lock_dir, private_dir
 from rig_mcp.playbooks import ROOT, PlaybookFailed, PlaybookRunner, PlayRun
 from rig_mcp.redact import DEFAULT_PATTERNS, Redactor
+
+log = logging.getLogger(__name__)
 
 SERVER_NAME = "gemma-rig"
 DEFAULT_INVENTORY = "inventory/local.yml"
@@ -394,21 +397,28 @@ def one_line(text: str, limit: int = 500) -> str:
     return joined if len(joined) <= limit else joined[: limit - 3] + "..."
 
 
+def failed(srv: RigServer, name: str, line: str) -> CallToolResult:
+    """The tool's error result: the one line itself. A raised ToolError would reach the client
+    behind the SDK's "Error executing tool NAME:"; a CallToolResult with is_error passes as it is."""
+    text = srv.redact(one_line(line) or f"{name} failed with no message")
+    log.info("tool %s failed: %r", name, text)
+    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+
+
 def guarded(srv: RigServer, name: str, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    """``fn``, with every failure a ToolError of one line naming the cause: never the SDK's
-    generic "Error executing tool" (which hides the cause in the server's log)."""
+    """``fn``, with every failure one line naming the cause and the fix, as the client's error
+    result: never the SDK's generic "Error executing tool" (which hides the cause in the log)."""
 
     @functools.wraps(fn)
     async def tool(*args: Any, **kwargs: Any) -> Any:
         try:
             return await fn(*args, **kwargs)
-        except ToolError:
-            raise
-        except (PlaybookFailed, Busy, UnsafeLockDir) as exc:
-            raise ToolError(srv.redact(one_line(str(exc)))) from None
+        except (ToolError, PlaybookFailed, Busy, UnsafeLockDir) as exc:
+            return failed(srv, name, str(exc))
         except Exception as exc:  # the boundary: whatever broke, one clear line
-            cause = one_line(str(exc)) or "no message"
-            raise ToolError(srv.redact(f"{name} failed: {type(exc).__name__}: {cause}")) from None
+            return failed(
+                srv, name, f"{name} failed: {type(exc).__name__}: {one_line(str(exc)) or 'no message'}"
+            )
 
     return tool
 
