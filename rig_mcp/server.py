@@ -41,7 +41,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from rig_mcp import capacity
 from rig_mcp.locks import Busy, RigLocks, UnsafeLockDir, default_lock_dir, private_dir
@@ -405,6 +405,25 @@ def failed(srv: RigServer, name: str, line: str) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
 
 
+class RigMCPServer(MCPServer):
+    """The SDK's server, but arguments that do not fit a tool's schema come back as one line that
+    names the fields and what is wrong with each (never the values: they are the caller's data),
+    without the SDK's "Error executing tool NAME:" and pydantic's multi-line report."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            if not isinstance(exc.__cause__, ValidationError):
+                raise
+            problems = "; ".join(
+                f"{'.'.join(str(part) for part in err['loc']) or 'arguments'}: {err['msg']}"
+                for err in exc.__cause__.errors()
+            )
+            text = one_line(f"{name}: bad arguments: {problems}")
+            return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+
+
 def guarded(srv: RigServer, name: str, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     """``fn``, with every failure one line naming the cause and the fix, as the client's error
     result: never the SDK's generic "Error executing tool" (which hides the cause in the log)."""
@@ -493,7 +512,7 @@ def build(config: Config, runner: PlaybookRunner | None = None, token: str | Non
             "auth": AuthSettings(issuer_url="http://127.0.0.1", resource_server_url=None),
             "token_verifier": StaticToken(token),
         }
-    mcp = MCPServer(
+    mcp = RigMCPServer(
         SERVER_NAME, instructions="Operate the gemma-rig inventory: vLLM rigs serving Gemma 4.", **auth
     )
     ro = ToolAnnotations(read_only_hint=True, destructive_hint=False)

@@ -128,3 +128,17 @@ def test_the_server_refuses_to_start_on_an_unsafe_lock_directory(tmp_path: Path)
         done.stderr.strip()
         == f"rig_mcp: lock directory {link} is not a directory (a symlink?): refused; remove it"
     )
+
+
+def test_arguments_off_the_schema_are_one_line_naming_the_field(tmp_path: Path) -> None:
+    """The SDK's own check of a tool's arguments: one line with the field, never the value."""
+
+    async def go():
+        async with Client(build(Config(lock_dir=tmp_path / "locks", read_only=True), FakeRunner())) as client:
+            return await client.call_tool("logs", {"rig": "rig-local", "lines": "SECRET-not-a-number"})
+
+    result = anyio.run(go)
+    assert result.is_error
+    text = result.content[0].text
+    assert text.startswith("logs: bad arguments: lines: ") and "\n" not in text, text
+    assert "SECRET" not in text, text
