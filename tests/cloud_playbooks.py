@@ -38,3 +38,18 @@ def find_then_say(tmp_path: Path, msg: str) -> Path:
         ])
     )  # fmt: skip
     return path
+
+
+def assert_pinned(
+    known_hosts: Path, alias: str, keys: dict[str, str], later: subprocess.CompletedProcess
+) -> None:
+    """``known_hosts`` holds exactly ``keys`` (type -> base64) under ``alias``, and ``later`` (a
+    find_then_say run printing ``ARGS {{ ansible_ssh_common_args }}``) reached the host with ssh args
+    that accept those keys only."""
+    assert sorted(known_hosts.read_text().splitlines()) == sorted(f"{alias} {k} {v}" for k, v in keys.items())
+    out = " ".join((later.stdout + later.stderr).split())
+    assert later.returncode == 0, out[-3000:]
+    assert f"-o UserKnownHostsFile={known_hosts}" in out and "-o StrictHostKeyChecking=yes" in out, out[
+        -3000:
+    ]
+    assert f"-o HostKeyAlias={alias}" in out, out[-3000:]
