@@ -112,6 +112,24 @@ def test_accuracy_refuses_a_served_id_that_is_a_path(tmp_path: Path) -> None:
     nothing_written_outside(tmp_path, tmp_path / "MARKER")
 
 
+def env_files(tmp_path: Path, keys: dict[str, str]) -> dict[str, str]:
+    """One tpu.env per host, holding that host's RIG_MODEL_KEY: the host name -> the file's path."""
+    files = {}
+    for name, key in keys.items():
+        env = tmp_path / f"{name}.env"
+        env.write_text(f"RIG_MODEL_KEY={key}\n")
+        files[name] = str(env)
+    return files
+
+
+def each_key_refused(run: PlaybookRun, keys: dict[str, str]) -> None:
+    """Every host with a hostile key failed with the one line naming it as no catalog key."""
+    for name, key in keys.items():
+        line = failed_line(run, name)
+        assert f"{name}: tpu.env's RIG_MODEL_KEY {json.dumps(key)[:20]}" in line, line
+        assert "is not a catalog key" in line, line
+
+
 def test_swap_reads_only_a_catalog_key_back(tmp_path: Path) -> None:
     marker = tmp_path / "MARKER"
     keys = hostile_keys(marker)
@@ -125,29 +143,24 @@ def test_swap_reads_only_a_catalog_key_back(tmp_path: Path) -> None:
             ]}]
         )
     )  # fmt: skip
-    hosts = {}
-    for name, key in {**keys, "good": "tiny-emb4"}.items():
-        env = tmp_path / f"{name}.env"
-        env.write_text(f"RIG_MODEL_KEY={key}\n")
-        hosts[name] = {"rig_env_file": str(env), "rig_current_model_link": str(tmp_path / "current")}
+    hosts = {
+        name: {"rig_env_file": env, "rig_current_model_link": str(tmp_path / "current")}
+        for name, env in env_files(tmp_path, {**keys, "good": "tiny-emb4"}).items()
+    }
     (tmp_path / "current").symlink_to(tmp_path)
     run = run_playbook(str(play), "--forks", "8", inventory=write_inventory(tmp_path, hosts))
     assert run.recap["good"]["failed"] == 0, run.output[-3000:]
-    for name, key in keys.items():
-        line = failed_line(run, name)
-        assert f"{name}: tpu.env's RIG_MODEL_KEY {json.dumps(key)[:20]}" in line, line
-        assert "is not a catalog key" in line, line
+    each_key_refused(run, keys)
     nothing_written_outside(tmp_path, marker)
 
 
 def test_capacity_reports_the_served_key_as_data_or_refuses_it(tmp_path: Path) -> None:
     marker = tmp_path / "MARKER"
     keys = hostile_keys(marker)
-    hosts = {}
-    for name, key in {**keys, "good": "tiny-emb4"}.items():
-        env = tmp_path / f"{name}.env"
-        env.write_text(f"RIG_MODEL_KEY={key}\n")
-        hosts[name] = {"rig_env_file": str(env), "rig_models_dir": str(tmp_path / "models")}
+    hosts = {
+        name: {"rig_env_file": env, "rig_models_dir": str(tmp_path / "models")}
+        for name, env in env_files(tmp_path, {**keys, "good": "tiny-emb4"}).items()
+    }
     hosts["fresh"] = {"rig_env_file": str(tmp_path / "none.env"), "rig_models_dir": str(tmp_path / "models")}
     run = run_playbook("playbooks/capacity.yml", "--forks", "8", inventory=write_inventory(tmp_path, hosts))
     for name in ("good", "fresh"):
@@ -155,10 +168,7 @@ def test_capacity_reports_the_served_key_as_data_or_refuses_it(tmp_path: Path) -
     shown = run.output.split("TASK [Show the capacity]", 1)[1]
     assert "served_key: tiny-emb4" in shown and "served_key: ''" in shown, shown
     assert "1e30" not in shown and "1.0e+30" not in shown
-    for name, key in keys.items():
-        line = failed_line(run, name)
-        assert f"{name}: tpu.env's RIG_MODEL_KEY {json.dumps(key)[:20]}" in line, line
-        assert "is not a catalog key" in line, line
+    each_key_refused(run, keys)
     nothing_written_outside(tmp_path, marker)
 
 
