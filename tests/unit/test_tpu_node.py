@@ -18,7 +18,7 @@ from tests.fake_tpu import FakeTpuServer, Faults
 ZONES = ["us-west4-a", "us-east1-c"]
 BASE = {"project": "proj", "zones": ZONES, "name": "tpu1"}
 QUOTA = "TPUV5sLitepodPerProjectPerZoneForTPUAPI"
-QUOTA_SPOT = "TPUV5sPreemptibleLitepodPerProjectPerZoneForTPUAPI"
+QUOTA_PREEMPTIBLE = "TPUV5sPreemptibleLitepodPerProjectPerZoneForTPUAPI"
 
 
 @pytest.fixture
@@ -175,7 +175,7 @@ def test_waiting_too_long_counts_as_no_capacity(fake: FakeTpuServer) -> None:
 
 
 @pytest.mark.parametrize(
-    ("model", "quota"), [("on-demand", QUOTA), ("flex-start", QUOTA_SPOT), ("spot", QUOTA_SPOT)]
+    ("model", "quota"), [("on-demand", QUOTA), ("flex-start", QUOTA_PREEMPTIBLE), ("spot", QUOTA_PREEMPTIBLE)]
 )
 @pytest.mark.parametrize("at_create", [True, False])
 def test_quota_fails_at_once_naming_it(fake: FakeTpuServer, model: str, quota: str, at_create: bool) -> None:

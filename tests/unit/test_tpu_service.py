@@ -19,11 +19,7 @@ from google.cloud import tpu_v2, tpu_v2alpha1
 from tests.fake_compute.harness import module_util, run_module
 from tests.fake_tpu import FakeTpuServer, Faults
 from tests.fake_tpu.state import CAPACITY, NOT_OFFERED
-
-ZONES = ["us-west4-a", "us-east1-c"]
-BASE = {"project": "proj", "zones": ZONES, "name": "tpu1"}
-QUOTA = "TPUV5sLitepodPerProjectPerZoneForTPUAPI"
-QUOTA_PREEMPTIBLE = "TPUV5sPreemptibleLitepodPerProjectPerZoneForTPUAPI"
+from tests.unit.test_tpu_node import BASE, QUOTA, QUOTA_PREEMPTIBLE
 
 
 @pytest.fixture
