@@ -1,10 +1,11 @@
 """A stand-in for a rig's vLLM endpoint, for testing the gateway on the controller without vLLM.
 
 It answers what the gateway and its clients use, the way vLLM 0.29 does: ``GET /health`` (200, or
-503 while ``healthy`` is false), ``GET /v1/models`` (the one served name) and ``POST
-/v1/chat/completions``, plain or streamed as server-sent events (``stream: true``), each answer
-naming the served model. A request naming another model is vLLM's 404; one without a model is
-served. Streams send their first chunk at once and the rest after ``stream_pause`` seconds, so a
+503 while ``healthy`` is false), ``GET /v1/models`` (the served names: the build, then its alias if
+it has one, each a ModelCard) and ``POST /v1/chat/completions``, plain or streamed as server-sent
+events (``stream: true``), each answer naming the build, whichever served name the request used
+(vLLM 0.29's OpenAIServingModels.model_name: the first served name). A request naming another
+model is vLLM's 404; one without a model is served. Streams send their first chunk at once and the rest after ``stream_pause`` seconds, so a
 client can tell whether anything between them buffered the response. With ``lockstep`` set, a
 stream sends ``max_tokens`` chunks instead, each after the first only once the client has released
 the semaphore: a client that releases it on each chunk it reads times every hop through whatever
@@ -115,11 +116,12 @@ def error_body(status: int, message: str, err_type: str, param: str | None = Non
     return {"error": {"message": message, "type": err_type, "param": param, "code": status}}
 
 
-def models_body(model: str) -> dict[str, Any]:
-    """GET /v1/models as vLLM answers it: one ModelCard for the served name."""
-    return {"object": "list", "data": [{"id": model, "object": "model", "created": int(time.time()),
-                                        "owned_by": "vllm", "root": model, "parent": None,
-                                        "max_model_len": 2048, "permission": []}]}  # fmt: skip
+def models_body(names: list[str]) -> dict[str, Any]:
+    """GET /v1/models as vLLM answers it: one ModelCard for each served name, in order."""
+    return {"object": "list", "data": [{"id": name, "object": "model", "created": int(time.time()),
+                                        "owned_by": "vllm", "root": names[0], "parent": None,
+                                        "max_model_len": 2048, "permission": []}
+                                       for name in names]}  # fmt: skip
 
 
 def chat_body(model: str) -> dict[str, Any]:
@@ -160,8 +162,9 @@ def completion_body(model: str) -> dict[str, Any]:
 class FakeRig:
     """One fake rig on 127.0.0.1 (a free port); a context manager."""
 
-    def __init__(self, model: str, stream_pause: float = 0.5) -> None:
+    def __init__(self, model: str, stream_pause: float = 0.5, alias: str = "") -> None:
         self.model = model
+        self.alias = alias
         self.stream_pause = stream_pause
         self.healthy = True
         self.lockstep: threading.Semaphore | None = None
@@ -202,7 +205,7 @@ class FakeRig:
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                 elif self.path == "/v1/models":
-                    self._json(200, models_body(rig.model), "models")
+                    self._json(200, models_body(rig.names), "models")
                 else:  # vLLM's handler for FastAPI's HTTPException (exception_handling/handlers/http.py)
                     self._json(404, error_body(404, "Not Found", "Not Found"))
 
@@ -219,7 +222,7 @@ class FakeRig:
                 if self.path not in ("/v1/chat/completions", "/v1/completions"):
                     self._json(404, error_body(404, "Not Found", "Not Found"))
                     return
-                if body.get("model") and body["model"] != rig.model:  # vLLM's _check_model
+                if body.get("model") and body["model"] not in rig.names:  # vLLM's check_model
                     self._json(404, error_body(404, f"The model `{body['model']}` does not exist.",
                                                "NotFoundError", "model"))  # fmt: skip
                     return
@@ -263,6 +266,11 @@ class FakeRig:
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def names(self) -> list[str]:
+        """vLLM's --served-model-name, in order: the build, then its alias."""
+        return [self.model] + ([self.alias] if self.alias else [])
 
     def __enter__(self) -> FakeRig:
         self._thread.start()

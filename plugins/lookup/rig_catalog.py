@@ -71,6 +71,12 @@ _raw:
       description: The converter's build targets (C(repack) entries only; empty otherwise).
       type: list
       elements: str
+    alias:
+      description:
+        - The entry's C(alias), the second name vLLM serves the build under (shared by every build
+          of one model); empty when the entry has none. Checked to be a plain name that is no
+          catalog key.
+      type: str
     revision:
       description:
         - What a C(hub) entry is pulled at - its C(revision), a 40-hex commit, or C(main) for an entry
@@ -92,6 +98,9 @@ DEFAULT_CONVERTER = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "repack", "repack_q4_0.py"
 )
 KINDS = {"repack": "qat", "hub": "repo", "dir": "path"}  # each kind and the field it needs
+# A name vLLM serves under and the gateway routes by: it lands in a unit's argv, a map file and
+# HAProxy backend names, so a plain word only.
+SERVED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 COMMIT = re.compile(r"[0-9a-f]{40}")  # a hub commit id as the hub API gives it (lower-case hex)
 
 
@@ -146,6 +155,17 @@ def resolve(key: object, catalog: dict, build_dir: str, var: str, converter: str
                 f"got {source.get('target')!r}"
             )
     revision = hub_revision(source, where) if kind == "hub" else ""
+    alias = entry.get("alias", "")
+    if alias != "" and (not isinstance(alias, str) or not SERVED_NAME.fullmatch(alias)):
+        raise AnsibleLookupError(
+            f"rig_models['{key}'].alias must be a plain name (letters, digits, '.', '_', '-'; at most 128); "
+            f"got {str(alias)[:60]!r}"
+        )
+    if alias in catalog:
+        raise AnsibleLookupError(
+            f"rig_models['{key}'].alias {alias!r} is also a catalog key: a client naming it would not "
+            "know which it gets; choose another alias"
+        )
     build = {"repack": f"{build_dir}/models/{key}", "dir": str(source.get("path", "")), "hub": ""}[kind]
     return {
         "key": key,
@@ -154,6 +174,7 @@ def resolve(key: object, catalog: dict, build_dir: str, var: str, converter: str
         "build_dir": build,
         "targets": targets,
         "revision": revision,
+        "alias": alias,
     }
 
 

@@ -95,9 +95,16 @@ def swap_downtime(output: str) -> float:
 
 
 def served_models(port: int) -> list[str]:
-    """The model ids /v1/models lists."""
+    """The model ids /v1/models lists: the build's catalog key, then its alias if it has one."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10) as response:
         return [entry["id"] for entry in json.load(response)["data"]]
+
+
+def served_build(port: int) -> str:
+    """The catalog key of the build a rig serves (the first name /v1/models lists)."""
+    served = served_models(port)
+    assert served, f"port {port}: /v1/models lists no model"
+    return served[0]
 
 
 def podman(*args: str) -> subprocess.CompletedProcess[str]:
@@ -207,7 +214,8 @@ def assert_serving(
     build = build or catalog[key]["source"].get("target")
     assert build in LOGGED_QUANTIZATION, f"{key}: no logged quantization known for build {build!r}"
 
-    assert served_models(port) == [key], f"{container} lists {served_models(port)}, expected [{key}]"
+    names = [key] + ([catalog[key]["alias"]] if catalog[key].get("alias") else [])
+    assert served_models(port) == names, f"{container} lists {served_models(port)}, expected {names}"
     state = rig_sh(container, "systemctl show vllm -p ActiveState --value").strip()
     assert state == "active", f"{container}: vllm.service is {state}"
 

@@ -12,7 +12,7 @@ import pytest
 
 from tests.ansible_run import run_playbook
 from tests.e2e.conftest import FLEET_INVENTORY, hands_over_the_fleet
-from tests.e2e.rig import assert_serving, served_models
+from tests.e2e.rig import assert_serving, served_build
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 RIG_START = "default"  # serving tiny-emb4, closed: checked by conftest.rig_start
@@ -29,7 +29,7 @@ def fleet_here(fleet, local_rig, request):
     down = run_playbook("teardown.yml", "-l", "rig-b", *FLEET)
     assert down.rc == 0, down.output[-4000:]
     # The next test files expect the shared rig as site.yml left it: serving tiny-emb4.
-    if served_models(local_rig.port) != [local_rig.model]:
+    if served_build(local_rig.port) != local_rig.model:
         back = run_playbook("swap.yml", "-e", f"model={local_rig.model}")
         assert back.rc == 0, back.output[-4000:]
     assert_serving(local_rig.container, local_rig.port, local_rig.model)

@@ -4,12 +4,14 @@ interval. The rig's own swaps are proven here too (see test_10_swap): W8A8 answe
 the rollback to the very checkpoint served before, and the plain swap back to the default.
 
 A steady stream of streamed chats goes through the gateway (TLS, an API key) with the official
-`openai` SDK, without its retries: every failure counts. The requests name no model (the gateway
-sends them to any rig up, which answers with its own), so each answer's `model` and the
-X-Gemma-Rig header say which rig answered with which model. test_20 hands the fleet over as
+`openai` SDK, without its retries: every failure counts. The requests take turns naming no model
+(the gateway sends them to any rig up), the catalog's alias (every tiny build answers to it), and
+a build. Each answer's `model` (vLLM names the build, whichever name was asked) and the
+X-Gemma-Rig header say which rig answered with which build. test_20 hands the fleet over as
 site.yml stood it up (both rigs on tiny-emb4); this file's rolling swap takes both to tiny-w8a8
 (it is the project's only rolling swap: one rig at a time, in the inventory's order), and the
-last test swaps rig-local back to tiny-emb4 with plain swap.yml for the files after it.
+last test swaps rig-local back to tiny-emb4 with plain swap.yml for the files after it. Each test
+also stands alone: the fixtures bring the fleet, the gateway and, where a test needs it, a swap.
 """
 
 from __future__ import annotations
@@ -29,13 +31,14 @@ import pytest
 from tests.ansible_run import run_playbook
 from tests.conftest import ROOT
 from tests.e2e.conftest import FLEET_INVENTORY
+from tests.e2e.kill import kill_controller, start_playbook
 from tests.e2e.rig import (
     assert_knows_the_facts,
     assert_serving,
     chat,
     podman,
     rig_containers,
-    served_models,
+    served_build,
     swap_downtime,
     unit_started_at,
 )
@@ -54,11 +57,15 @@ URL = "https://127.0.0.1:8443"  # gateway_port, gateway-local's gateway_address
 CERT = ROOT / "build" / "gateway" / "gateway-local.crt"  # gateway_controller_dir
 RATE = 2.0  # requests started per second
 KILL_LOG_SLACK_S = 1.0  # how much earlier than systemd's log line a killed vLLM's clients may see it
+ALIAS = "tiny-gemma-4"  # the tiny builds' alias in the catalog
+NO_MODEL = ""  # a request that names no model: vLLM serves it with whatever it serves
 
 
 @dataclass
 class Answer:
     start: float  # time.time(): comparable with the rigs' and the gateway's journals
+    asked: str = NO_MODEL  # the model the request named
+    status: int = 0  # the HTTP status of a refused request
     end: float = 0.0
     first: float = 0.0  # time to the first content
     rig: str = ""
@@ -69,9 +76,11 @@ class Answer:
 
 @dataclass
 class Load:
-    """Streamed chats through the gateway at a steady rate, each in its own thread."""
+    """Streamed chats through the gateway at a steady rate, each in its own thread, naming each of
+    ``names`` in turn."""
 
     max_tokens: int = 8
+    names: tuple[str, ...] = (NO_MODEL,)
     answers: list[Answer] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
@@ -84,7 +93,7 @@ class Load:
     def _one(self, answer: Answer) -> None:
         try:
             raw = self.client.chat.completions.with_raw_response.create(
-                model="",  # any rig: the gateway's default backend, vLLM's served model
+                model=answer.asked,
                 messages=[{"role": "user", "content": "Say hello."}],
                 max_tokens=self.max_tokens,
                 stream=True,
@@ -98,11 +107,12 @@ class Load:
                     answer.completed = True
         except Exception as exc:  # every failure is counted, whatever its kind
             answer.error = f"{type(exc).__name__}: {exc}"
+            answer.status = getattr(exc, "status_code", 0)
         answer.end = time.time()
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            answer = Answer(time.time())
+            answer = Answer(time.time(), self.names[len(self.answers) % len(self.names)])
             self.answers.append(answer)
             thread = threading.Thread(target=self._one, args=(answer,), daemon=True)
             thread.start()
@@ -119,8 +129,19 @@ class Load:
         for thread in self._threads:
             thread.join(timeout=180)
 
-    def failed(self) -> list[Answer]:
-        return [a for a in self.answers if a.error or not a.completed]
+    def failed(self, asked: str | None = None) -> list[Answer]:
+        """The requests that got no whole answer (of those naming ``asked``, if given)."""
+        return [a for a in self.asking(asked) if a.error or not a.completed]
+
+    def asking(self, asked: str | None) -> list[Answer]:
+        return [a for a in self.answers if asked is None or a.asked == asked]
+
+    def tally(self) -> str:
+        """How many requests naming each name were answered, for a figure."""
+        return "; ".join(
+            f"{name or 'no model'}: {len(self.asking(name)) - len(self.failed(name))}/{len(self.asking(name))} answered"
+            for name in self.names
+        )
 
 
 def latency_figure(answers: list[Answer]) -> str:
@@ -151,18 +172,20 @@ def gateway(fleet, local_rig, tmp_path_factory: pytest.TempPathFactory):
     down = run_playbook("teardown.yml", "-l", "rig-b,gateway-local", *INVENTORY)
     assert down.rc == 0, down.output[-4000:]
     assert not {"gemma-rig-b", "gemma-gateway"} & set(rig_containers())
-    if served_models(local_rig.port) != [local_rig.model]:  # the rolling swap went away from it
+    if served_build(local_rig.port) != local_rig.model:  # the rolling swap went away from it
         back = run_playbook("swap.yml", "-e", f"model={local_rig.model}")
         assert back.rc == 0, back.output[-4000:]
     assert_serving(local_rig.container, local_rig.port, local_rig.model)
 
 
 def test_rolling_swap_through_the_gateway_no_client_notices(gateway, local_rig, figure) -> None:
+    """No client that names no model or the alias notices; one naming the old build is answered
+    by it while a rig takes it, then gets vLLM's 404 naming it, and nothing else."""
     keys, up = gateway
     figure("gateway.yml (container, haproxy, TLS, config)", f"{up.seconds:.0f} s")
-    old = served_models(local_rig.port)[0]
+    old = served_build(local_rig.port)
     new = local_rig.model if old != local_rig.model else "tiny-w8a8"
-    with Load() as load:
+    with Load(names=(NO_MODEL, ALIAS, old)) as load:
         time.sleep(3)
         run = run_playbook("swap.yml", "-e", f"model={new}", "-e", f"@{keys}", *INVENTORY)
         time.sleep(3)
@@ -172,13 +195,25 @@ def test_rolling_swap_through_the_gateway_no_client_notices(gateway, local_rig, 
         f"playbook {run.seconds:.0f} s; slowest tasks: {run.slowest()}",
     )
     figure("latency through the gateway during the swap", latency_figure(load.answers))
-    failed = load.failed()
-    assert not failed, f"{len(failed)} of {len(load.answers)} failed: {[a.error for a in failed][:5]}"
+    figure("requests through the gateway during the swap, by the model they named", load.tally())
+    for name in (NO_MODEL, ALIAS):
+        failed = load.failed(name)
+        assert not failed, f"naming {name!r}: {len(failed)} failed: {[a.error for a in failed][:5]}"
+    # Naming the old build: its answers came from it; once no rig took it, vLLM's 404 naming it,
+    # and only after rig-local had switched (rig-b still served it until its own drain).
+    assert {a.model for a in load.asking(old) if a.completed} == {old}
+    gone = load.failed(old)
+    assert gone, "no request named the old build once no rig served it: the swap was too quick to see"
+    assert all(a.status == 404 and f"The model `{old}` does not exist." in a.error for a in gone), [
+        a.error for a in gone
+    ][:5]
+    first_new_start = min(a.start for a in load.answers if a.rig == "rig-local" and a.model == new)
+    assert min(a.start for a in gone) > first_new_start
     for container, port in RIGS.values():
         assert_serving(container, port, new)
-    assert_knows_the_facts(local_rig.port, new, figure)
+        assert_knows_the_facts(port, new, figure)
     # Each rig answered with the old model, then only with the new one: it changed at its own swap.
-    by_start = sorted(load.answers, key=lambda a: a.start)
+    by_start = sorted((a for a in load.answers if a.completed), key=lambda a: a.start)
     for rig in RIGS:
         models = [a.model for a in by_start if a.rig == rig]
         assert models[0] == old and models[-1] == new, (rig, models)
@@ -191,11 +226,11 @@ def test_rolling_swap_through_the_gateway_no_client_notices(gateway, local_rig, 
     assert first_new_local < last_old_b
     assert run.output.index(f"rig-local: {old} -> {new}") < run.output.index(f"rig-b: {old} -> {new}")
     assert started_seconds("gemma-rig-b") > started_seconds("gemma-rig")
-    # The gateway now routes and lists the new model only.
+    # The gateway now routes and lists the new build and the alias only.
     with httpx.Client(verify=ssl.create_default_context(cafile=str(CERT)), timeout=60) as http:
         headers = {"Authorization": f"Bearer {KEY}"}
         listed = http.get(f"{URL}/v1/models", headers=headers).json()
-        assert [m["id"] for m in listed["data"]] == [new]
+        assert [m["id"] for m in listed["data"]] == sorted([new, ALIAS])
         assert http.get(f"{URL}/v1/models").status_code == 401
 
 
@@ -204,18 +239,34 @@ def started_seconds(container: str) -> float:
     return int(unit_started_at(container).split("=")[1]) / 1e6
 
 
-def test_query_and_status_follow_the_served_model(gateway, local_rig) -> None:
+@pytest.fixture
+def swapped_away(gateway, local_rig) -> str:
+    """rig-local serving another build than the inventory's, as the rolling swap leaves it; alone,
+    this test swaps rig-local (only) to tiny-w8a8 through the gateway first. The served build."""
+    if served_build(local_rig.port) == local_rig.model:
+        keys, _ = gateway
+        limit = ("-l", "rig-local,gateway-local,localhost")
+        run = run_playbook("swap.yml", "-e", "model=tiny-w8a8", "-e", f"@{keys}", *limit, *INVENTORY)
+        assert run.rc == 0, run.output[-6000:]
+    served = served_build(local_rig.port)
+    assert served != local_rig.model
+    return served
+
+
+def test_query_and_status_follow_the_served_model(swapped_away, local_rig) -> None:
     """After the rolling swap rig-local serves another model than the inventory says: query.yml
     (the default inventory, no gateway) asks the served model (not a 404 for the inventory's) and
     status.yml says which it is and that the inventory differs."""
-    (served,) = served_models(local_rig.port)
-    assert served != local_rig.model
+    served = swapped_away
     query = run_playbook("playbooks/query.yml", "-e", "max_tokens=16")
     assert query.rc == 0, query.output[-6000:]
     assert f"{served}: " in query.output and "does not exist" not in query.output
     status = run_playbook("playbooks/status.yml")
     assert status.rc == 0, status.output[-6000:]
-    assert f"model: {served} (the inventory says {local_rig.model}: swapped since site.yml)" in status.output
+    assert (
+        f"model: {served} (also answers to {ALIAS}) (the inventory says {local_rig.model}: swapped since site.yml)"
+        in status.output
+    )
 
 
 def test_status_and_query_through_the_gateway(gateway) -> None:
@@ -238,7 +289,7 @@ def test_overhead_per_request(gateway, local_rig, figure) -> None:
     interleaved, on kept-alive connections: the difference of the medians is the gateway's cost;
     then the throughput at 8 concurrent requests, side by side. rig-b is drained meanwhile, so both
     go to the same vLLM."""
-    model = served_models(local_rig.port)[0]
+    model = served_build(local_rig.port)
     ctl = ("exec", "gemma-gateway", "/usr/local/libexec/gemma-rig/gateway-ctl")
     # Only the served paths (rig_served_paths): a one-token completion is the cheapest request left.
     timings: dict[str, dict[str, list[float]]] = {"completion": {}, "chat": {}}
@@ -302,10 +353,10 @@ def test_a_broken_model_rolls_back_and_the_rig_is_put_back(
     figure,
 ) -> None:
     keys, _ = gateway
-    served = served_models(local_rig.port)[0]
+    served = served_build(local_rig.port)
     old = assert_serving(local_rig.container, local_rig.port, served)
     b_started = unit_started_at("gemma-rig-b")
-    with Load() as load:
+    with Load(names=(NO_MODEL, ALIAS, served)) as load:
         time.sleep(2)
         run = run_playbook(
             "swap.yml", "-e", "model=tiny-broken", "-e", f"@{broken_catalog}", "-e", f"@{keys}", *INVENTORY
@@ -318,17 +369,84 @@ def test_a_broken_model_rolls_back_and_the_rig_is_put_back(
     failed = load.failed()
     figure(
         "failed swap through the gateway, rolled back",
-        f"{run.seconds:.0f} s, {len(failed)} of {len(load.answers)} requests failed; slowest tasks: {run.slowest()}",
+        f"{run.seconds:.0f} s, {len(failed)} of {len(load.answers)} requests failed ({load.tally()}); "
+        f"slowest tasks: {run.slowest()}",
     )
-    assert not failed, [a.error for a in failed][:5]
+    assert not failed, [(a.asked, a.error) for a in failed][:5]
     # rig-local is back in service at the gateway, routed for its old model, and answers again.
     status = gateway_status()
     assert status["rig-local"]["state"].startswith("UP") and status["rig-local"]["model"] == served, status
-    last = [a.rig for a in sorted(load.answers, key=lambda a: a.start)[-4:]]
-    assert "rig-local" in last, last
+    assert status["rig-local"]["alias"] == ALIAS, status
+    assert "rig-local: put back in service for " + served in run.output
+    assert served_through_the_gateway_by("rig-local", served)
     # The old checkpoint, the same version, again: what the rollback put back is what served before.
     assert assert_serving(local_rig.container, local_rig.port, served).target == old.target
     assert chat(local_rig.port, served)["usage"]["completion_tokens"] > 0
+
+
+def served_through_the_gateway_by(rig: str, model: str, tries: int = 20) -> bool:
+    """Whether ``rig`` answers some of ``tries`` requests naming ``model`` one after another (the
+    gateway sends each to the rig with the fewest in flight, so both rigs take turns)."""
+    with httpx.Client(verify=ssl.create_default_context(cafile=str(CERT)), timeout=60) as http:
+        for _ in range(tries):
+            response = http.post(
+                f"{URL}/v1/chat/completions",
+                headers={"Authorization": f"Bearer {KEY}"},
+                json={
+                    "model": model,
+                    "messages": [{"role": "user", "content": "Say hello."}],
+                    "max_tokens": 2,
+                },
+            )
+            assert response.status_code == 200, response.text
+            if response.headers["x-gemma-rig"] == rig:
+                return True
+    return False
+
+
+def drained_by_a_dead_controller(keys, tmp_path, to: str) -> None:
+    """Start swap.yml to ``to`` through the gateway and kill the controller (SIGKILL, everything
+    under it) as soon as the gateway shows rig-local drained: the rig is left out of service."""
+    log = tmp_path / "killed-swap.log"
+    proc = start_playbook("swap.yml", "-e", f"model={to}", "-e", f"@{keys}", *INVENTORY, log=log)
+    try:
+        deadline = time.monotonic() + 300
+        while gateway_status()["rig-local"]["state"] != "DRAIN":
+            assert proc.poll() is None, log.read_text()[-4000:]
+            assert time.monotonic() < deadline, (
+                f"rig-local not drained after 300 s: {log.read_text()[-4000:]}"
+            )
+            time.sleep(0.1)
+    finally:
+        kill_controller(proc)
+    assert gateway_status()["rig-local"]["state"] == "DRAIN"
+
+
+def test_a_rig_a_dead_controller_left_drained_is_put_back_by_the_next_run(
+    gateway, local_rig, tmp_path
+) -> None:
+    """Killed right after the drain, swap.yml leaves rig-local drained; the next site.yml with the
+    gateway in its inventory puts it back and says so, and so does the next swap.yml."""
+    keys, _ = gateway
+    served = served_build(local_rig.port)
+    other = "tiny-w8a8" if served == local_rig.model else local_rig.model
+    limit = ("-l", "rig-local,gateway-local,localhost")
+    for rerun in (
+        ("site.yml", "-e", f"rig_model={served}", *limit),  # the inventory's model is the one served
+        ("swap.yml", "-e", f"model={served}"),  # the user gives up on the swap: back to what serves
+    ):
+        drained_by_a_dead_controller(keys, tmp_path, other)
+        run = run_playbook(*rerun, "-e", f"@{keys}", *INVENTORY)
+        assert run.rc == 0, run.output[-6000:]
+        said = " ".join(run.output.split())
+        assert f"rig-local: put back in service for {served} (it was: be_default DRAIN" in said, run.output[
+            -4000:
+        ]
+        status = gateway_status()["rig-local"]
+        assert status["state"].startswith("UP") and status["model"] == served and status["alias"] == ALIAS
+        assert served_through_the_gateway_by("rig-local", served)
+    assert served_build(local_rig.port) == served
+    assert_serving(local_rig.container, local_rig.port, served)
 
 
 def test_a_dead_rig_is_taken_out_within_the_check_interval(gateway, figure) -> None:
@@ -363,11 +481,10 @@ def test_a_dead_rig_is_taken_out_within_the_check_interval(gateway, figure) -> N
     assert all(a.rig == "rig-local" for a in load.answers if a.start > down)
 
 
-def test_swap_back_to_the_default_answers_its_facts(gateway, local_rig, figure) -> None:
+def test_swap_back_to_the_default_answers_its_facts(swapped_away, local_rig, figure) -> None:
     """Last: plain swap.yml (the default inventory: rig-local alone, no gateway) takes rig-local
     back to what site.yml serves, as the files after this one expect; emb4 answers every fact."""
-    served = served_models(local_rig.port)[0]
-    assert served != local_rig.model  # the rolling swap went away from it
+    served = swapped_away
     run = run_playbook("swap.yml", "-e", f"model={local_rig.model}")
     assert run.rc == 0, run.output[-6000:]
     figure(

@@ -16,12 +16,10 @@ with 40 MiB of padding so that a push can be caught mid-file (rsync --bwlimit).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -31,8 +29,9 @@ import pytest
 import yaml
 
 from tests.ansible_run import PlaybookRun, run_playbook
-from tests.conftest import ROOT, VENV_BIN
-from tests.e2e.rig import assert_serving, chat, load_catalog, podman, served_models, unit_started_at
+from tests.conftest import ROOT
+from tests.e2e.kill import kill_controller, start_playbook
+from tests.e2e.rig import assert_serving, chat, load_catalog, podman, served_build, unit_started_at
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 RIG_START = "default"  # serving tiny-emb4, closed: checked by conftest.rig_start
@@ -110,9 +109,18 @@ BUILDS = {OLD: "emb4", NEW: "emb4"}
 def serves(catalog: Path, model: str) -> None:
     """vLLM on the rig lists ``model``, serves its checkpoint (checked at the source:
     assert_serving) and answers a chat with it."""
-    wait_for(f"{model} to be served", lambda: served_models(PORT) == [model])
+    wait_for(f"{model} to be served", lambda: served_build(PORT) == model)
     assert_serving(CONTAINER, PORT, model, catalog=load_catalog(catalog), build=BUILDS[model])
     assert chat(PORT, model)["usage"]["completion_tokens"] > 0
+
+
+def bring(catalog: Path, model: str) -> None:
+    """The rig serving ``model``, verified: swapped there first when it serves another (a test run
+    alone starts from site.yml's model; in file order the test before leaves the right one)."""
+    if served_build(PORT) != model:
+        run = swap(model, catalog)
+        assert run.rc == 0, run.output[-6000:]
+    serves(catalog, model)
 
 
 def restart_vllm_once() -> None:
@@ -130,38 +138,9 @@ def reboot() -> None:
 
 
 def start_swap(model: str, catalog: Path, *extra: str, log: Path) -> subprocess.Popen[bytes]:
-    cmd = [str(VENV_BIN / "ansible-playbook"), "swap.yml", "-e", f"model={model}", "-e", f"@{catalog}"]
-    env = {**os.environ, "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1"}
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [*cmd, *INVENTORY, *extra], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
-        )
-
-
-def descendants(pid: int) -> list[int]:
-    """``pid`` and every process under it (ansible's workers call setsid: a process group is not enough)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        todo.extend(children.get(current, []))
-    return found
-
-
-def kill_controller(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL ansible-playbook and everything it started on this machine, all at once."""
-    for pid in descendants(proc.pid):
-        with contextlib.suppress(ProcessLookupError):  # gone already
-            os.kill(pid, signal.SIGKILL)
-    proc.wait(timeout=30)
+    return start_playbook(
+        "swap.yml", "-e", f"model={model}", "-e", f"@{catalog}", *INVENTORY, *extra, log=log
+    )
 
 
 def swap(model: str, catalog: Path) -> PlaybookRun:
@@ -186,7 +165,7 @@ def sent_bytes(run: PlaybookRun) -> tuple[int, int]:
 
 
 def test_killed_while_pushing(rig: Path, tmp_path: Path, figure) -> None:
-    serves(rig, OLD)
+    bring(rig, OLD)
     started = unit_started_at(CONTAINER)
     proc = start_swap(
         NEW, rig, "-e", '{"checkpoint_push_rsync_opts": ["--bwlimit=2000"]}', log=tmp_path / "swap.log"
@@ -196,7 +175,7 @@ def test_killed_while_pushing(rig: Path, tmp_path: Path, figure) -> None:
     kill_controller(proc)
 
     assert journal()["phase"] == "staging"
-    assert served_models(PORT) == [OLD]
+    assert served_build(PORT) == OLD
     assert unit_started_at(CONTAINER) == started  # the old model never stopped
 
     restart_vllm_once()
@@ -220,7 +199,7 @@ def test_killed_while_pushing(rig: Path, tmp_path: Path, figure) -> None:
 
 
 def test_killed_right_after_the_switch(rig: Path, tmp_path: Path) -> None:
-    serves(rig, NEW)
+    bring(rig, NEW)
     proc = start_swap(OLD, rig, log=tmp_path / "swap.log")
     wait_for(
         "the switch", lambda: journal().get("phase") in ("switching", "trial") and journal()["to"] == OLD
@@ -245,13 +224,36 @@ def test_killed_right_after_the_switch(rig: Path, tmp_path: Path) -> None:
     serves(rig, OLD)
 
 
-def test_killed_while_vllm_restarts(rig: Path, tmp_path: Path) -> None:
-    serves(rig, OLD)
-    proc = start_swap(NEW, rig, log=tmp_path / "swap.log")
-    wait_for("the trial start", lambda: journal().get("phase") == "trial" and journal()["to"] == NEW)
-    kill_controller(proc)
+# Run on the rig before a swap: waits for the switch (swap-journal ... switch), freezes it
+# (SIGSTOP) and says which process it is. The brackets keep this script from matching itself.
+FREEZE_THE_SWITCH = (
+    "while :; do for d in /proc/[0-9]*; do "
+    "if tr '\\0' ' ' < $d/cmdline 2>/dev/null | grep -q 'swap-journa[l].* switc[h] --to-targe[t]'; "
+    "then pid=${d#/proc/}; break 2; fi; done; sleep 0.05; done; "
+    "kill -STOP $pid; echo $pid > /run/frozen-switch"
+)
 
-    # The next swap.yml finds the trial running: checks it answers, then commits it.
+
+def test_hung_up_and_killed_during_the_switch_the_restart_goes_on(rig: Path, tmp_path: Path) -> None:
+    """What a dropped SSH session does to the switch: the controller dies and the switch's whole
+    process group on the rig gets SIGHUP. The switch is frozen first, so the hangup lands while it
+    runs; it ignores it, switches and restarts vLLM on the new model (its trial start) with no
+    controller. The next swap.yml finds the trial running, checks that it answers and commits it."""
+    bring(rig, OLD)
+    rig_sh("rm -f /run/frozen-switch")
+    assert podman("exec", "-d", CONTAINER, "sh", "-c", FREEZE_THE_SWITCH).returncode == 0
+    proc = start_swap(NEW, rig, log=tmp_path / "swap.log")
+    pid = int(
+        wait_for("the switch to start", lambda: rig_sh("cat /run/frozen-switch 2>/dev/null").strip(), 300)
+    )
+    kill_controller(proc)
+    pgid = int(rig_sh(f"cut -d' ' -f5 /proc/{pid}/stat"))
+    assert pgid > 1, f"the switch is in process group {pgid}: a hangup there would reach every process"
+    hup = podman("exec", CONTAINER, "sh", "-c", f"kill -HUP -- -{pgid}; kill -CONT {pid}")
+    assert hup.returncode == 0, hup.stderr
+
+    wait_for("the trial start", lambda: journal().get("phase") == "trial" and journal()["to"] == NEW)
+    assert rig_sh("readlink /opt1/models/current").strip() == journal()["to_target"]
     run = swap(NEW, rig)
     assert run.rc == 0, run.output[-6000:]
     assert f"interrupted swap {OLD} -> {NEW} (phase trial): finished, {NEW} answers and is committed" in said(
@@ -261,6 +263,28 @@ def test_killed_while_vllm_restarts(rig: Path, tmp_path: Path) -> None:
     assert journal()["phase"] == "committed"
     restart_vllm_once()
     serves(rig, NEW)
+
+
+def test_killed_during_the_rollback(rig: Path, broken_catalog: Path, tmp_path: Path) -> None:
+    """A swap to a model that cannot start rolls back; the controller is killed as soon as the
+    rollback is journalled, while it restarts the old model. The rig serves the old model anyway
+    (systemd restarts vLLM on the restored files), and the next swap.yml says nothing is left to do."""
+    bring(rig, OLD)
+    both = tmp_path / "catalog.yml"
+    models = load_catalog(rig) | load_catalog(broken_catalog)
+    both.write_text(yaml.safe_dump({"rig_models": models}))
+    proc = start_swap("tiny-broken", both, log=tmp_path / "swap.log")
+    wait_for(
+        "the rollback", lambda: journal().get("phase") == "rolled-back" and journal()["to"] == "tiny-broken"
+    )
+    kill_controller(proc)
+
+    serves(rig, OLD)
+    assert rig_sh("readlink /opt1/models/current").strip() == journal()["from_target"]
+    run = swap(OLD, both)
+    assert run.rc == 0, run.output[-6000:]
+    assert f"rig-local already serves {OLD}: nothing to do" in said(run)
+    serves(rig, OLD)
 
 
 # --- the unit gives up ----------------------------------------------------------------------------
@@ -276,7 +300,7 @@ UNCLAMP = (
 def test_a_missing_clamp_makes_the_unit_give_up_with_the_reason(rig: Path) -> None:
     """Every start fails in ExecStartPre: systemd stops retrying at the start limit; `systemctl
     status` says so and names the failing check, status.yml adds the check's own words."""
-    serving = served_models(PORT)[0]
+    serving = served_build(PORT)
     unclamp = f'cp {ATTENTION} /opt1/attention.orig && /usr/bin/python3 -c "{UNCLAMP}" {ATTENTION} && echo ok'
     assert rig_sh(unclamp).strip() == "ok"
     try:
@@ -304,6 +328,9 @@ def test_a_missing_clamp_makes_the_unit_give_up_with_the_reason(rig: Path) -> No
 
 
 def test_status_names_the_last_swap(rig: Path) -> None:
+    if not journal():  # alone, on a rig no swap has touched
+        bring(rig, NEW)
+    last = journal()
     run = run_playbook("playbooks/status.yml", *INVENTORY)
     assert run.rc == 0, run.output[-4000:]
-    assert f"last swap: {OLD} -> {NEW}, committed" in said(run)
+    assert f"last swap: {last['from']} -> {last['to']}, {last['phase']}" in said(run)

@@ -35,6 +35,7 @@ from tests.fake_rig import FakeRig
 KEY = "sk-gw-unit-0123456789abcdef"  # a test-only key
 RIG_KEY = "sk-rig-unit-0123456789abcdef"
 CTL = ROOT / "roles" / "gateway" / "files" / "gateway-ctl"
+ALIAS = "tiny-gemma-4"  # the tiny builds' catalog alias: both fake rigs answer to it
 
 
 def free_port() -> int:
@@ -99,7 +100,7 @@ class Gateway:
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     assert shutil.which("haproxy"), "haproxy is not installed on the controller: run scripts/setup.sh"
     tmp = tmp_path_factory.mktemp("gateway")
-    with FakeRig("tiny-emb4") as rig_a, FakeRig("tiny-w8a8") as rig_b:
+    with FakeRig("tiny-emb4", alias=ALIAS) as rig_a, FakeRig("tiny-w8a8", alias=ALIAS) as rig_b:
         rigs = {"fake-a": rig_a, "fake-b": rig_b}
         gw = Gateway(tmp, rigs, free_port())
         inventory = tmp / "inventory"
@@ -110,7 +111,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
         for name, rig in rigs.items():
             env = tmp / f"{name}.env"
             env.write_text(
-                f"RIG_MODEL_KEY={rig.model}\nRIG_SERVED_MODEL_NAME={rig.model}\nVLLM_API_KEY={RIG_KEY}\n"
+                f"RIG_MODEL_KEY={rig.model}\nRIG_SERVED_MODEL_NAME={rig.model}\nRIG_SERVED_ALIAS={ALIAS}\n"
+                f"VLLM_API_KEY={RIG_KEY}\n"
             )
             hosts["rigs"]["hosts"][name] = {**local, "rig_env_file": str(env), "rig_port": rig.port}
         hosts["gateways"]["hosts"]["gw"] = {
@@ -157,10 +159,13 @@ def test_rendered_files(gateway: Gateway) -> None:
     # one backend per model: the two served and the extra one, each rig routed only for its own
     for model in ("tiny-emb4", "tiny-w8a8", "tiny-w4a16"):
         assert f"backend model_{model}\n" in cfg
+    assert f"backend alias_{ALIAS}\n" in cfg
     assert f"server fake-a 127.0.0.1:{gateway.rigs['fake-a'].port} track be_default/fake-a\n" in cfg
     assert f"server fake-b 127.0.0.1:{gateway.rigs['fake-b'].port} track be_default/fake-b disabled\n" in cfg
+    # Routes only for names some rig serves: the extra model gets its entry once a rig is routed there.
     models_map = (gateway.etc / "gemma-gateway" / "models.map").read_text()
-    assert "tiny-w4a16 model_tiny-w4a16" in models_map
+    routes = [line for line in models_map.splitlines() if line and not line.startswith("#")]
+    assert routes == ["tiny-emb4 model_tiny-emb4", "tiny-w8a8 model_tiny-w8a8", f"{ALIAS} alias_{ALIAS}"]
     keys = (gateway.etc / "gemma-gateway" / "api-keys.map").read_text()
     assert KEY not in keys and " alice" in keys
     for path in gateway.etc.rglob("*"):
@@ -192,7 +197,7 @@ def test_the_key_is_checked_at_the_edge_and_stops_there(gateway: Gateway) -> Non
 def test_models_and_routing_by_model(gateway: Gateway) -> None:
     with gateway.client() as client:
         listed = client.get("/v1/models").json()
-        assert [m["id"] for m in listed["data"]] == ["tiny-emb4", "tiny-w8a8"]
+        assert [m["id"] for m in listed["data"]] == ["tiny-emb4", ALIAS, "tiny-w8a8"]
         for _ in range(4):
             for rig_name, rig in gateway.rigs.items():
                 response = client.post("/v1/chat/completions", json={"model": rig.model, "messages": []})
@@ -276,16 +281,19 @@ def test_drain_route_and_ready(gateway: Gateway) -> None:
         assert {
             client.post("/v1/chat/completions", json={"messages": []}).json()["model"] for _ in range(4)
         } == {"tiny-w8a8"}
+        # no rig takes tiny-emb4 now: its route is gone, and the rig left answers vLLM's 404
+        gone = client.post("/v1/chat/completions", json={"model": "tiny-emb4", "messages": []})
         assert (
-            client.post("/v1/chat/completions", json={"model": "tiny-emb4", "messages": []}).status_code
-            == 503
+            gone.status_code == 404
+            and gone.json()["error"]["message"] == "The model `tiny-emb4` does not exist."
         )
+        assert gone.headers["x-gemma-rig"] == "fake-b"
         # as a swap does: fake-a now serves tiny-w8a8; route it there and put it back
         gateway.rigs["fake-a"].model = "tiny-w8a8"
         for args in (("route", "fake-a", "tiny-w8a8"), ("ready", "fake-a", "--timeout", "10")):
             result = ctl(*args)
             assert result.returncode == 0, result.stderr
-        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["tiny-w8a8"]
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == [ALIAS, "tiny-w8a8"]
         rigs = {
             client.post("/v1/chat/completions", json={"model": "tiny-w8a8", "messages": []}).headers[
                 "x-gemma-rig"
@@ -296,8 +304,65 @@ def test_drain_route_and_ready(gateway: Gateway) -> None:
     after = gateway.status()
     assert after["fake-a"]["model"] == "tiny-w8a8" and after["fake-a"]["state"].startswith("UP")
     # unknown names fail with a message, not a traceback
-    assert "no backend for model 'nope'" in ctl("route", "fake-a", "nope").stderr
+    assert "no backend for 'nope'" in ctl("route", "fake-a", "nope").stderr
     assert "no rig 'nope'" in ctl("drain", "nope").stderr
+
+
+def put_back(gateway: Gateway) -> None:
+    """Both fake rigs on their own builds and in service (a test before may have moved them)."""
+    gateway.rigs["fake-a"].model, gateway.rigs["fake-b"].model = "tiny-emb4", "tiny-w8a8"
+    for rig in gateway.rigs.values():
+        rig.healthy = True
+    for name, rig in gateway.rigs.items():
+        result = gateway.ctl("restore", name, rig.model, "--alias", ALIAS, "--timeout", "10")
+        assert result.returncode == 0, result.stderr
+
+
+def test_the_alias_reaches_whichever_build_a_rig_serves(gateway: Gateway) -> None:
+    """A client naming the alias is answered while any rig serving one of its builds takes
+    requests, through a drain of either; the answer names the build that served it."""
+    put_back(gateway)
+    body = {"model": ALIAS, "messages": []}
+    with gateway.client() as client:
+        answered = {
+            (r.headers["x-gemma-rig"], r.json()["model"])
+            for r in (client.post("/v1/chat/completions", json=body) for _ in range(8))
+        }
+        assert answered == {("fake-a", "tiny-emb4"), ("fake-b", "tiny-w8a8")}
+        assert gateway.ctl("drain", "fake-a", "--timeout", "10").returncode == 0
+        during = [client.post("/v1/chat/completions", json=body) for _ in range(4)]
+        assert [(r.status_code, r.headers["x-gemma-rig"]) for r in during] == [(200, "fake-b")] * 4
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == [ALIAS, "tiny-w8a8"]
+    assert gateway.status()["fake-a"]["alias"] == ALIAS and gateway.status()["fake-b"]["alias"] == ALIAS
+    put_back(gateway)
+
+
+def test_restore_puts_back_a_rig_left_drained_and_says_so(gateway: Gateway) -> None:
+    """What a dead controller leaves (a rig drained at the gateway) is put back by `restore`, which
+    names what it found; on a rig in service it changes nothing and says that too."""
+    put_back(gateway)
+    assert gateway.ctl("drain", "fake-a", "--timeout", "10").returncode == 0
+    restored = gateway.ctl("restore", "fake-a", "tiny-emb4", "--alias", ALIAS, "--timeout", "10")
+    assert restored.returncode == 0, restored.stderr
+    last = restored.stdout.splitlines()[-1]
+    assert last.startswith("fake-a: put back in service for tiny-emb4 (it was: "), last
+    assert "be_default DRAIN" in last and "model_tiny-emb4 DRAIN" in last and f"alias_{ALIAS} DRAIN" in last
+    assert gateway.status()["fake-a"]["state"].startswith("UP")
+    again = gateway.ctl("restore", "fake-a", "tiny-emb4", "--alias", ALIAS, "--timeout", "10")
+    assert again.stdout.strip() == "fake-a: in service for tiny-emb4, nothing to restore"
+    # Routed for another model than it serves (a swap killed after its switch): routed right again.
+    assert gateway.ctl("route", "fake-a", "tiny-w4a16").returncode == 0
+    fixed = gateway.ctl("restore", "fake-a", "tiny-emb4", "--alias", ALIAS, "--timeout", "10")
+    assert "model_tiny-w4a16 DRAIN" in fixed.stdout and "put back in service for tiny-emb4" in fixed.stdout
+    with gateway.client() as client:
+        response = client.post("/v1/chat/completions", json={"model": "tiny-emb4", "messages": []})
+        assert response.status_code == 200 and response.headers["x-gemma-rig"] == "fake-a"
+        # the extra model no rig serves now: no route, so vLLM's own 404
+        assert (
+            client.post("/v1/chat/completions", json={"model": "tiny-w4a16", "messages": []}).status_code
+            == 404
+        )
+    put_back(gateway)
 
 
 def test_a_failing_rig_is_taken_out(gateway: Gateway) -> None:

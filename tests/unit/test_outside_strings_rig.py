@@ -230,3 +230,48 @@ def test_a_failed_accuracy_run_leaves_no_gateway_key_on_the_rig(tmp_path: Path) 
     assert "TASK [Remove the working directory on the rig]" in run.output
     assert list(work.iterdir()) == [], list(work.rglob("*"))
     assert secret not in run.output
+
+
+def test_the_gateway_routes_only_plain_names_a_rig_reports(tmp_path: Path) -> None:
+    """tpu.env's served name and alias become gateway-ctl's arguments (and HAProxy backend names):
+    each hostile one is refused on its own host before gateway-ctl runs; a plain pair reaches it
+    as separate argv words."""
+    marker = tmp_path / "MARKER"
+    hostile = {**hostile_keys(marker), "option": "--socket=/tmp/evil"}
+    called = tmp_path / "gateway-ctl.argv"
+    ctl = tmp_path / "gateway-ctl"
+    ctl.write_text(
+        "#!/bin/sh\nprintf '%s\\n' \"$@\" >> "
+        + str(called)
+        + '\necho "$5: in service for $6, nothing to restore"\n'
+    )
+    ctl.chmod(0o755)
+    envs = {f"name-{k}": f"RIG_SERVED_MODEL_NAME={v}\nRIG_SERVED_ALIAS=\n" for k, v in hostile.items()}
+    envs |= {
+        f"alias-{k}": f"RIG_SERVED_MODEL_NAME=tiny-emb4\nRIG_SERVED_ALIAS={v}\n" for k, v in hostile.items()
+    }
+    envs["good"] = "RIG_SERVED_MODEL_NAME=tiny-emb4\nRIG_SERVED_ALIAS=tiny-gemma-4\n"
+    ctl_vars = {"gateway_ctl": str(ctl), "gateway_admin_socket": str(tmp_path / "admin.sock")}
+    hosts = {}
+    for name, text in envs.items():
+        (tmp_path / f"{name}.env").write_text(text)
+        # gateway-ctl is run on the gateway with the rig's variables (delegate_to), as swap.yml does
+        hosts[name] = {"rig_env_file": str(tmp_path / f"{name}.env"), **ctl_vars}
+    play = tmp_path / "ready.yml"
+    play.write_text(
+        json.dumps(
+            [{"hosts": "rigs", "gather_facts": False, "vars": {"_swap_gateways": ["gw"]}, "tasks": [
+                {"name": "Put the rig back", "ansible.builtin.include_tasks":
+                    str(ROOT / "playbooks" / "tasks" / "gateway_ready.yml")},
+            ]}]
+        )
+    )  # fmt: skip
+    run = run_playbook(str(play), "--forks", "8", inventory=write_inventory(tmp_path, hosts, {"gw": {}}))
+    assert run.recap["good"]["failed"] == 0, run.output[-3000:]
+    for name in envs.keys() - {"good"}:
+        line = failed_line(run, name)
+        assert "RIG_SERVED_MODEL_NAME/RIG_SERVED_ALIAS in" in line and "must be plain names" in line, line
+    argv = called.read_text().splitlines()
+    assert argv == ["--socket", str(tmp_path / "admin.sock"), "restore", "good", "tiny-emb4",
+                    "--alias", "tiny-gemma-4", "--timeout", "60"]  # fmt: skip
+    nothing_written_outside(tmp_path, marker)

@@ -120,8 +120,12 @@ def test_unit_passes_exactly_the_flag_keys_of_tpu_env(rendered: Path, case: str)
     passed = re.findall(r"--([a-z0-9-]+) \$\{(RIG_[A-Z0-9_]+)\}", exec_start)
     # Each flag's key is its name in capitals; the role's own keys lead, RIG_EXTRA_ARGS ends.
     assert all(key == "RIG_" + flag.upper().replace("-", "_") for flag, key in passed), passed
-    assert [key for _, key in passed] == [k for k in keys if k not in ("RIG_MODEL_KEY", "RIG_EXTRA_ARGS")]
+    unbraced = ("RIG_MODEL_KEY", "RIG_SERVED_ALIAS", "RIG_EXTRA_ARGS")
+    assert [key for _, key in passed] == [k for k in keys if k not in unbraced]
     assert keys[-1] == "RIG_EXTRA_ARGS" and exec_start.rstrip().endswith("$RIG_EXTRA_ARGS")
+    # The alias is vLLM's second served name, unbraced: an empty one adds no argument.
+    assert keys[keys.index("RIG_SERVED_MODEL_NAME") + 1] == "RIG_SERVED_ALIAS"
+    assert "--served-model-name ${RIG_SERVED_MODEL_NAME} $RIG_SERVED_ALIAS \\\n" in exec_start
 
 
 def test_tpu_profile_settings(rendered: Path) -> None:

@@ -218,3 +218,33 @@ def test_site_fails_first_on_a_bad_rig_model_with_the_one_line() -> None:
         f"rig_model 'nope' is not in the catalog (rig_models); valid keys: {', '.join(sorted(CATALOG))}"
         in (res.stdout + res.stderr)
     )
+
+
+def test_every_build_of_one_model_shares_its_alias() -> None:
+    """The catalog's builds of Gemma 4 E2B answer to one name, the tiny builds to another, so a
+    swap between builds of one model leaves a client's model name valid."""
+    tiny = {key for key in CATALOG if key.startswith("tiny-")}
+    assert {resolve(key)["alias"] for key in tiny} == {"tiny-gemma-4"}
+    assert {resolve(key)["alias"] for key in CATALOG.keys() - tiny} == {"gemma-4-e2b"}
+    assert resolve("mine", {"mine": {"source": {"kind": "dir", "path": "/m"}}})["alias"] == ""
+
+
+@pytest.mark.parametrize(
+    ("alias", "wrong"),
+    [
+        ("tiny emb4", "must be a plain name"),
+        ("$(touch pwned)", "must be a plain name"),
+        ("-x", "must be a plain name"),
+        ("a" * 129, "must be a plain name"),
+        (["a"], "must be a plain name"),
+        ("other", "is also a catalog key"),
+    ],
+)
+def test_an_alias_that_is_no_plain_name_or_is_a_key_is_refused(alias: object, wrong: str) -> None:
+    catalog = {
+        "mine": {"source": {"kind": "dir", "path": "/m"}, "alias": alias},
+        "other": {"source": {"kind": "dir", "path": "/o"}},
+    }
+    with pytest.raises(AnsibleLookupError, match=re.escape("rig_models['mine'].alias")) as err:
+        resolve("mine", catalog)
+    assert wrong in str(err.value)

@@ -232,8 +232,8 @@ def status_lines(rig: Rig) -> tuple[list[str], bool]:
     health, _ = rig.http("/health")
     lines.append(f"health: {'ok' if health == 200 else f'down ({health})'}")
     models_status, served = rig.served()
-    if served:
-        model = ", ".join(served)
+    if served:  # the build first, then the alias it also answers to (status.yml words it the same)
+        model = served[0] + (f" (also answers to {', '.join(served[1:])})" if len(served) > 1 else "")
     elif models_status == 401:
         model = "refused our key (401): rig_api_key differs from the VLLM_API_KEY in tpu.env"
     else:
