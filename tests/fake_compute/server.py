@@ -103,9 +103,9 @@ def _call(api: FakeCompute, handler: str, a: dict[str, str], body: dict[str, Any
     if handler == "get_firewall":
         return api.get_firewall(a["name"], a["project"])
     if handler == "insert_firewall":
-        return api.put_firewall(a["project"], body)
+        return api.insert_firewall(a["project"], body)
     if handler == "patch_firewall":
-        return api.put_firewall(a["project"], body, a["name"])
+        return api.patch_firewall(a["project"], a["name"], body)
     return api.delete_firewall(a["project"], a["name"])
 
 

@@ -15,6 +15,9 @@ API reference (instances, disks, zoneOperations) rather than what our module hap
   onHostMaintenance, preemptible, provisioningModel); cpuPlatform, status, selfLink, kind, id,
   creationTimestamp, lastStartTimestamp, fingerprints for the instance, labels, metadata, tags and
   NICs, shielded-VM defaults, and the project's default service account email for ``default``.
+  A firewall rule gets kind, id, creationTimestamp, selfLink, its network's URL, priority 1000,
+  direction INGRESS, ``logConfig: {enable: false}`` and ``disabled: false``; a patch merges into it
+  (JSON merge patch), as the Firewall reference says.
 - Operations go PENDING -> RUNNING -> DONE after a delay, carry clientOperationId, insertTime,
   startTime, endTime, user and progress, and carry errors the way the API does. The VM passes
   through PROVISIONING/STAGING, STOPPING and TERMINATED while they run.
@@ -141,20 +144,37 @@ def _invalid(field_path: str, value: Any, why: str) -> ApiError:
 
 
 def _parse(message_name: str, body: dict[str, Any], where: str) -> None:
-    """Refuse unknown fields the way the API does, using the released client's message types."""
+    """Refuse unknown fields the way the API does, using the released client's message types.
+
+    The API's words for an unknown field, from the field's path on: ``Invalid JSON payload received.
+    Unknown name "fieldList_" at 'insertion_order': Cannot find field.`` (the JSON body in
+    https://github.com/google-marketing-solutions/dv360-api-appsscript-samples/issues/7), the path
+    going down into nested objects and lists (``at 'tools[0].function_declarations[0].parameters'``,
+    https://github.com/mnfst/llm-gateway/issues/1858). How Compute Engine spells the path inside its
+    own bodies is not published: wording not verified beyond that shape.
+    """
     from google.cloud import compute_v1
 
     try:
         getattr(compute_v1, message_name).from_json(json.dumps(body), ignore_unknown_fields=False)
     except Exception as exc:  # json_format.ParseError: name the unknown field as the API would
-        match = re.search(r'no field named "([^"]+)"', str(exc))
+        match = re.search(r'no field named "([^"]+)" at "([^"]+)"', str(exc))
         if match:
+            inner = match.group(2).partition(".")[2]  # "Firewall.allowed[0]": below the body
+            path = f"{where}.{inner}" if inner else where
             raise ApiError(
                 400,
-                f"Invalid JSON payload received. Unknown name \"{match.group(1)}\" at '{where}': "
+                f"Invalid JSON payload received. Unknown name \"{match.group(1)}\" at '{path}': "
                 "Cannot find field.",
             ) from exc
+        # A value of the wrong type: the prefix is the API's (above), the rest is protobuf's own
+        # words (wording not verified).
         raise ApiError(400, f"Invalid JSON payload received. {str(exc).splitlines()[0]}") from exc
+
+
+def _uint64_id() -> str:
+    """A resource id as the API writes one: a uint64 in decimal, in a string (unique across fakes too)."""
+    return str(10**18 + uuid.uuid4().int % (9 * 10**18))
 
 
 class FakeCompute:
@@ -750,7 +770,7 @@ class FakeCompute:
         inst: dict[str, Any] = {
             "kind": "compute#instance",
             # Unique across fakes too, as the API's 64-bit ids are (host key aliases hold them).
-            "id": str(10**18 + uuid.uuid4().int % (9 * 10**18)),
+            "id": _uint64_id(),
             "creationTimestamp": now,
             "name": name,
             "tags": {"fingerprint": fingerprint(tags)},
@@ -1005,38 +1025,66 @@ class FakeCompute:
         )
 
     # ---- firewalls ---------------------------------------------------------------------------
+    # What the API fills in on a rule, as the Firewall reference says
+    # (https://cloud.google.com/compute/docs/reference/rest/v1/firewalls): kind compute#firewall, a
+    # server-defined id (uint64, a JSON string), creationTimestamp (RFC 3339), selfLink, network as a
+    # URL ("If not specified when creating a firewall rule, the default network is used"), "The default
+    # value [of priority] is 1000", direction "The default is INGRESS", and a rule that is "enabled" when
+    # disabled is unspecified. A rule read back writes the last two out, with logConfig, as
+    # ``"disabled": false`` and ``"logConfig": {"enable": false}``: real rules in
+    # https://github.com/cloud-custodian/cloud-custodian/issues/6248 ("The gcp.firewall value filter
+    # ``"logConfig": {"enable": false}`` tells me if logging is enabled or not").
     def get_firewall(self, name: str, project: str | None = None) -> dict[str, Any]:
         if name not in self.firewalls:
             raise _not_found(_scope(project, f"global/firewalls/{name}"))
         return copy.deepcopy(self.firewalls[name])
 
-    def put_firewall(self, project: str, body: dict[str, Any], name: str | None = None) -> dict[str, Any]:
-        fw_name = name or body["name"]
-        if name is None and fw_name in self.firewalls:
+    def insert_firewall(self, project: str, body: dict[str, Any]) -> dict[str, Any]:
+        """firewalls.insert: the rule as sent, with every server default written out."""
+        self._validate_firewall(project, body, insert=True)
+        name = body["name"]
+        if name in self.firewalls:
             raise ApiError(
                 409,
-                f"The resource 'projects/{project}/global/firewalls/{fw_name}' already exists",
+                f"The resource 'projects/{project}/global/firewalls/{name}' already exists",
                 "alreadyExists",
             )
-        if name is not None and name not in self.firewalls:
-            raise _not_found(f"projects/{project}/global/firewalls/{name}")
+        rule = _firewall_stored(
+            project, name, body, {"kind": "compute#firewall", "id": _uint64_id(), "creationTimestamp": _now()}
+        )
 
         def apply() -> None:
-            merged = dict(self.firewalls.get(fw_name, {}), **body)
-            merged["name"] = fw_name
-            merged["network"] = _url(
-                f"projects/{project}/global/networks/{_last(merged.get('network', 'default'))}"
-            )
-            merged["selfLink"] = _url(f"projects/{project}/global/firewalls/{fw_name}")
-            self.firewalls[fw_name] = merged
+            self.firewalls[name] = rule
 
-        return self._operation(
-            project,
-            None,
-            "insert" if name is None else "patch",
-            f"projects/{project}/global/firewalls/{fw_name}",
-            apply,
-        )
+        return self._operation(project, None, "insert", f"projects/{project}/global/firewalls/{name}", apply)
+
+    def patch_firewall(self, project: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """firewalls.patch: "This method supports PATCH semantics and uses the JSON merge patch format
+        and processing rules" (the reference): what the body names replaces or (null) removes, objects
+        merge field by field, and everything it leaves out stays as it was."""
+        if name not in self.firewalls:
+            raise _not_found(f"projects/{project}/global/firewalls/{name}")
+        self._validate_firewall(project, body, insert=False)
+        # Output-only fields and the name are the server's: a body naming them changes nothing. A
+        # field may come by its proto name (source_ranges), which the JSON mapping also takes.
+        fields = _json_names("Firewall")
+        patch = {
+            fields.get(k, k): v
+            for k, v in body.items()
+            if fields.get(k, k) not in _FIREWALL_OUTPUT_ONLY | {"name"}
+        }
+
+        def patched() -> dict[str, Any]:
+            current = self.firewalls[name]
+            server = {k: current[k] for k in _FIREWALL_OUTPUT_ONLY - {"selfLink"}}
+            return _firewall_stored(project, name, merge_patch(current, patch), server)
+
+        patched()  # a patch whose result the API could not keep is refused now, before any operation
+
+        def apply() -> None:
+            self.firewalls[name] = patched()  # merged into the rule as it is when the operation ends
+
+        return self._operation(project, None, "patch", f"projects/{project}/global/firewalls/{name}", apply)
 
     def delete_firewall(self, project: str, name: str) -> dict[str, Any]:
         self.get_firewall(name, project)
@@ -1047,6 +1095,117 @@ class FakeCompute:
             f"projects/{project}/global/firewalls/{name}",
             lambda: self.firewalls.pop(name, None) and None,
         )
+
+    def _validate_firewall(self, project: str, body: dict[str, Any], insert: bool) -> None:
+        _parse("Firewall", body, "resource")
+        name = body.get("name") or ""
+        if insert and not _NAME.match(name):
+            # The API's words for a bad name on a global resource's insert ("Error 400: Invalid value
+            # for field 'resource.name': 'guillaume.dupin-tfa0be-dcos-network'. Must be a match of regex
+            # '(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)', invalid"),
+            # https://github.com/mesosphere-backup/terraform-dcos/issues/39.
+            raise _invalid(
+                "resource.name", name, "Must be a match of regex '(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)'"
+            )
+        for key in ("allowed", "denied"):
+            for index, entry in enumerate(body.get(key) or []):
+                if not entry.get("IPProtocol"):
+                    # A firewalls.insert refused in these words (the whole JSON error body):
+                    # https://github.com/googleapis/google-cloud-java/issues/4292.
+                    raise _invalid(
+                        f"resource.{key}[{index}].IPProtocol",
+                        entry.get("IPProtocol") or "",
+                        "Invalid IP protocol specification.",
+                    )
+        for where, value, allowed in (
+            ("resource.direction", body.get("direction"), _enum_names("Firewall", "Direction")),
+            (
+                "resource.logConfig.metadata",
+                (body.get("logConfig") or {}).get("metadata"),
+                _enum_names("FirewallLogConfig", "Metadata"),
+            ),
+        ):
+            if value is not None and value not in allowed:
+                raise _invalid(where, value, f"Must be one of {sorted(allowed)}.")  # wording not verified
+        priority = body.get("priority")
+        if priority is not None and not 0 <= int(priority) <= 65535:
+            # The range is the reference's ("an integer between 0 and 65535, both inclusive");
+            # wording not verified.
+            raise _invalid("resource.priority", priority, "Must be between 0 and 65535, both inclusive.")
+        network = _last(body.get("network") or "default")
+        if body.get("network") is not None and network not in self.networks:
+            raise _not_found(f"projects/{project}/global/networks/{network}")
+
+
+# The Firewall reference's JSON representation, in its order; the first four and selfLink are
+# output only ("params" is input only: never stored).
+_FIREWALL_FIELDS = (
+    "kind", "id", "creationTimestamp", "name", "description", "network", "priority", "sourceRanges",
+    "destinationRanges", "sourceTags", "targetTags", "sourceServiceAccounts", "targetServiceAccounts",
+    "allowed", "denied", "direction", "logConfig", "disabled", "selfLink",
+)  # fmt: skip
+_FIREWALL_OUTPUT_ONLY = frozenset({"kind", "id", "creationTimestamp", "selfLink"})
+
+
+def _enum_names(message: str, enum: str) -> frozenset[str]:
+    """The values the client's type lists for a string field (Firewall.Direction: INGRESS, EGRESS)."""
+    from google.cloud import compute_v1
+
+    values = getattr(getattr(compute_v1, message), enum)
+    return frozenset(v.name for v in values if not v.name.startswith("UNDEFINED"))
+
+
+def _json_names(message: str) -> dict[str, str]:
+    """A message's JSON field names by proto name (source_ranges -> sourceRanges)."""
+    from google.cloud import compute_v1
+
+    return {f.name: f.json_name for f in getattr(compute_v1, message).pb().DESCRIPTOR.fields}
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7396 (JSON merge patch): a patch object merges into the target key by key, null removes
+    a key, and anything else (a list included) replaces the value whole."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+def _firewall_stored(project: str, name: str, body: dict[str, Any], server: dict[str, Any]) -> dict[str, Any]:
+    """A rule as the API keeps it: the body with the server's fields and defaults, the network and
+    selfLink as URLs, written by the client's own Firewall type (integers as numbers, the id as a
+    string, camelCase names, no empty lists) in the reference's order, and held to strict.py's check
+    of an answer, so a rule the API could not send is never kept."""
+    from google.cloud import compute_v1
+
+    from tests.fake_compute import strict
+
+    merged = {k: v for k, v in body.items() if k not in _FIREWALL_OUTPUT_ONLY and k != "params"}
+    merged.update(server, name=name, selfLink=_url(f"projects/{project}/global/firewalls/{name}"))
+    network = _last(merged.get("network") or "default")
+    merged["network"] = _url(f"projects/{project}/global/networks/{network}")
+    if merged.get("priority") is None:
+        merged["priority"] = 1000
+    if merged.get("direction") is None:
+        merged["direction"] = "INGRESS"
+    if merged.get("disabled") is None:
+        merged["disabled"] = False
+    merged["logConfig"] = dict(merged.get("logConfig") or {})
+    if merged["logConfig"].get("enable") is None:
+        merged["logConfig"]["enable"] = False
+    message = compute_v1.Firewall.from_json(json.dumps(merged), ignore_unknown_fields=False)
+    written = json.loads(compute_v1.Firewall.to_json(message, always_print_fields_with_no_presence=False))
+    rule = {k: written[k] for k in _FIREWALL_FIELDS if k in written}
+    try:
+        strict.check_message("Firewall", rule)
+    except strict.ResponseMismatch as exc:  # the fake's own fault: answered as the server does one
+        raise ApiError(500, f"The fake's answer is not the API's: {exc}", "backendError") from exc
+    return rule
 
 
 _ACTION_MESSAGES = {

@@ -16,9 +16,10 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
 from tests.fake_compute import FakeComputeServer, strict
-from tests.fake_compute.harness import run_module
+from tests.fake_compute.harness import MODULES, module_util, run_module
 from tests.fake_compute.state import FakeCompute
 
+make_retry = module_util("gce_retry").make_retry
 ZONE = "us-central1-a"
 VM = {"project": "p", "name": "vm1", "zones": [ZONE]}
 
@@ -65,6 +66,27 @@ def test_a_misspelt_answer_field_fails_the_module_naming_it(
     )
 
 
+def test_a_misspelt_firewall_answer_fails_the_module_naming_it(
+    fake: FakeComputeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rule = {"module": "gce_firewall", "project": "p", "name": "fw1", "source_ranges": ["203.0.113.0/24"]}
+    assert run_module(fake.endpoint, **rule)["changed"] is True
+    real_get = FakeCompute.get_firewall
+
+    def misspelt(self: FakeCompute, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        answer = real_get(self, *args, **kwargs)
+        answer["sourceRange"] = answer.pop("sourceRanges")
+        return answer
+
+    monkeypatch.setattr(FakeCompute, "get_firewall", misspelt)
+    # gce_firewall has no retry options: the 500 is retried until a short deadline, not two minutes.
+    monkeypatch.setattr(MODULES["gce_firewall"], "make_retry", lambda: make_retry(initial=0.01, deadline=0.2))
+    result = run_module(fake.endpoint, **rule)
+    assert result.get("failed") and "sourceRange" in result["msg"] and "\n" not in result["msg"], result
+    assert fake.api.mismatches and all(m.startswith("Firewall: ") for m in fake.api.mismatches)
+    assert not fake.api.requests("PATCH")  # the module never acted on the answer
+
+
 @pytest.mark.parametrize(
     ("message", "body", "named"),
     [
@@ -79,6 +101,15 @@ def test_a_misspelt_answer_field_fails_the_module_naming_it(
         ("Operation", {"progress": "100"}, "Operation.progress"),
         ("Operation", {"error": {"errors": [{"code": "X", "errorDetail": []}]}}, "errorDetail"),
         ("Scheduling", {"onHostMaintenance": "MIGRATE", "provisioningModel": "SPOTT"}, "provisioningModel"),
+        ("Firewall", {"sourceRange": ["203.0.113.0/24"]}, "sourceRange"),
+        ("Firewall", {"allowed": [{"IPProtocoll": "tcp"}]}, "IPProtocoll"),
+        ("Firewall", {"logConfig": {"enabled": False}}, "enabled"),
+        ("Firewall", {"source_ranges": ["203.0.113.0/24"]}, "source_ranges"),
+        ("Firewall", {"direction": "INGRES"}, "Firewall.direction"),  # not a Firewall.Direction name
+        ("Firewall", {"id": 1234}, "Firewall.id"),  # uint64: a JSON string in the API
+        ("Firewall", {"priority": "1000"}, "Firewall.priority"),  # int32: a JSON number
+        ("Firewall", {"disabled": "false"}, "disabled"),
+        ("Firewall", {"kind": "compute#firewalls"}, "Firewall.kind"),
     ],
 )
 def test_an_answer_the_api_would_never_send_is_refused(
