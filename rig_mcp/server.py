@@ -214,13 +214,15 @@ class RigServer:
             lines.extend(item if isinstance(item, list) else [item])
         fields = dict(line.split(": ", 1) for line in lines if ": " in line)
         service = fields.get("service", "").split(" ")[0]
+        model, alias = served_names(fields.get("model") or "")
         return self.redact(
             {
                 "rig": rig,
                 "service": service,
                 "serving": service.startswith("active/") and fields.get("health") == "ok",
                 "health": fields.get("health"),
-                "model": fields.get("model"),
+                "model": model or None,
+                "alias": alias,
                 "lines": lines,
             }
         )
@@ -352,6 +354,13 @@ class RigServer:
             "report": str(report),
             "summary": summary_table(report.read_text()),
         }
+
+
+def served_names(text: str) -> tuple[str, str]:
+    """status.yml's model line, "BUILD (also answers to ALIAS)" and any note after it, as (BUILD,
+    ALIAS); a line without an alias is all build (or what status says instead of one)."""
+    model, found, rest = text.partition(" (also answers to ")
+    return model, rest.split(")", 1)[0] if found else ""
 
 
 def clamp_state(rc: int | None, words: str) -> str:

@@ -21,7 +21,7 @@ from rig_mcp import capacity, docs
 from rig_mcp.locks import Busy, RigLocks
 from rig_mcp.playbooks import Failure, PlaybookRunner, PlayRun, failure_message
 from rig_mcp.redact import MASK, Redactor
-from rig_mcp.server import MUTATING, TOOLS, Config, build, clamp_state, summary_table
+from rig_mcp.server import MUTATING, TOOLS, Config, build, clamp_state, served_names, summary_table
 
 INVENTORY = {
     "_meta": {
@@ -418,3 +418,13 @@ def test_start_is_refused_when_memory_cannot_hold_the_served_build(tmp_path, ver
     )
     assert not call(Config(lock_dir=tmp_path), room, verb, {"rig": "rig-local"}).is_error
     assert [c[0] for c in room.calls] == ["playbooks/capacity.yml", f"playbooks/{verb}.yml"]
+
+
+def test_status_gives_the_build_and_its_alias_apart() -> None:
+    assert served_names("tiny-emb4 (also answers to tiny-gemma-4)") == ("tiny-emb4", "tiny-gemma-4")
+    swapped = (
+        "tiny-w8a8 (also answers to tiny-gemma-4) (the inventory says tiny-emb4: swapped since site.yml)"
+    )
+    assert served_names(swapped) == ("tiny-w8a8", "tiny-gemma-4")
+    assert served_names("mine") == ("mine", "")
+    assert served_names("none answering") == ("none answering", "")
