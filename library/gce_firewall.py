@@ -69,7 +69,12 @@ options:
     type: bool
     default: false
   target_tags:
-    description: Network tags of the VMs the rule applies to.
+    description:
+      - Network tags of the VMs the rule applies to.
+      - An empty list (the default) means the rule applies to every instance in the network.
+      - Emptying the list of an existing rule replaces the rule whole (C(firewalls.update)), as a
+        patch cannot send an empty list; what the module does not manage (priority, logging,
+        source tags, disabled) is carried over from the rule as it stands.
     type: list
     elements: str
     default: []
@@ -111,6 +116,7 @@ rule:
 """
 
 import ipaddress
+import json
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
@@ -163,6 +169,30 @@ def summarize(rule: dict[str, Any] | None) -> dict[str, Any]:
         "source_ranges": sorted(rule.get("sourceRanges") or []),
         "target_tags": sorted(rule.get("targetTags") or []),
     }
+
+
+# The rule's fields this module sets (REST JSON names); a firewalls.update carries every other one
+# over from the rule as it stands, since a PUT resets whatever its body leaves out.
+OWNED = ("name", "description", "network", "direction", "allowed", "sourceRanges", "targetTags")
+OUTPUT_ONLY = ("kind", "id", "creationTimestamp", "selfLink")
+
+
+def emptied(current: dict[str, Any], wanted: dict[str, Any]) -> bool:
+    """Whether a list the rule has is wanted empty: the client writes no empty list, so a merge
+    patch would leave the old values in place, and only a whole-rule update clears them."""
+    return any(
+        current.get(key) and not wanted[field]
+        for key, field in (("targetTags", "target_tags"), ("sourceRanges", "source_ranges"))
+    )
+
+
+def replacement(compute_v1: Any, current: dict[str, Any], resource: Any) -> Any:
+    """The whole rule for firewalls.update: the module's fields from ``resource``, the rest as it stands."""
+    body = {k: v for k, v in current.items() if k not in OWNED and k not in OUTPUT_ONLY}
+    # to_json writes every list the resource leaves unset as []: only the owned ones are taken.
+    owned = json.loads(compute_v1.Firewall.to_json(resource, use_integers_for_enums=False))
+    body.update({k: owned[k] for k in OWNED if k in owned})
+    return compute_v1.Firewall.from_json(json.dumps(body))
 
 
 def main() -> None:
@@ -227,7 +257,15 @@ def main() -> None:
                     source_ranges=wanted["source_ranges"],
                     target_tags=wanted["target_tags"],
                 )
-                if current:
+                if current and emptied(current, wanted):
+                    call, kwargs = (
+                        clients.firewalls.update_unary,
+                        {
+                            "firewall": p["name"],
+                            "firewall_resource": replacement(compute_v1, current, resource),
+                        },
+                    )
+                elif current:
                     call, kwargs = (
                         clients.firewalls.patch_unary,
                         {"firewall": p["name"], "firewall_resource": resource},

@@ -41,6 +41,7 @@ ROUTES: list[tuple[str, re.Pattern[str], str]] = [
         ("GET", _P + r"/global/firewalls/(?P<name>[^/]+)", "get_firewall"),
         ("POST", _P + r"/global/firewalls", "insert_firewall"),
         ("PATCH", _P + r"/global/firewalls/(?P<name>[^/]+)", "patch_firewall"),
+        ("PUT", _P + r"/global/firewalls/(?P<name>[^/]+)", "update_firewall"),
         ("DELETE", _P + r"/global/firewalls/(?P<name>[^/]+)", "delete_firewall"),
     ]
 ]
@@ -48,7 +49,7 @@ ROUTES: list[tuple[str, re.Pattern[str], str]] = [
 
 MUTATING = frozenset(
     {"insert_instance", "delete_instance", "instance_action", "delete_disk", "insert_firewall",
-     "patch_firewall", "delete_firewall"}
+     "patch_firewall", "update_firewall", "delete_firewall"}
 )  # fmt: skip
 
 
@@ -106,6 +107,8 @@ def _call(api: FakeCompute, handler: str, a: dict[str, str], body: dict[str, Any
         return api.insert_firewall(a["project"], body)
     if handler == "patch_firewall":
         return api.patch_firewall(a["project"], a["name"], body)
+    if handler == "update_firewall":
+        return api.update_firewall(a["project"], a["name"], body)
     return api.delete_firewall(a["project"], a["name"])
 
 

@@ -17,7 +17,7 @@ API reference (instances, disks, zoneOperations) rather than what our module hap
   NICs, shielded-VM defaults, and the project's default service account email for ``default``.
   A firewall rule gets kind, id, creationTimestamp, selfLink, its network's URL, priority 1000,
   direction INGRESS, ``logConfig: {enable: false}`` and ``disabled: false``; a patch merges into it
-  (JSON merge patch), as the Firewall reference says.
+  (JSON merge patch) and an update (PUT) replaces it whole, as the Firewall reference says.
 - Operations go PENDING -> RUNNING -> DONE after a delay, carry clientOperationId, insertTime,
   startTime, endTime, user and progress, and carry errors the way the API does. The VM passes
   through PROVISIONING/STAGING, STOPPING and TERMINATED while they run.
@@ -1085,6 +1085,31 @@ class FakeCompute:
             self.firewalls[name] = patched()  # merged into the rule as it is when the operation ends
 
         return self._operation(project, None, "patch", f"projects/{project}/global/firewalls/{name}", apply)
+
+    def update_firewall(self, project: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """firewalls.update (PUT): "Note that all fields will be updated if using PUT, even fields that
+        are not specified. To update individual fields, please use PATCH instead." (the v1 reference,
+        https://cloud.google.com/compute/docs/reference/rest/v1/firewalls/update). The body replaces
+        the rule whole: a field it leaves out takes the server's default, as on insert; the
+        output-only fields (kind, id, creationTimestamp, selfLink) stay the server's."""
+        if name not in self.firewalls:
+            raise _not_found(f"projects/{project}/global/firewalls/{name}")
+        self._validate_firewall(project, body, insert=False)
+        if body.get("name") != name:
+            # The rule is named by the URL; no public source was found for the API's words when a
+            # body names another (wording not verified).
+            raise _invalid(
+                "resource.name", body.get("name") or "", f"Must match the firewall rule's name '{name}'."
+            )
+        current = self.firewalls[name]
+        rule = _firewall_stored(
+            project, name, body, {k: current[k] for k in _FIREWALL_OUTPUT_ONLY - {"selfLink"}}
+        )
+
+        def apply() -> None:
+            self.firewalls[name] = rule
+
+        return self._operation(project, None, "update", f"projects/{project}/global/firewalls/{name}", apply)
 
     def delete_firewall(self, project: str, name: str) -> dict[str, Any]:
         self.get_firewall(name, project)

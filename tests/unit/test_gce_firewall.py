@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import ROOT, VENV_BIN
 from tests.fake_compute import FakeComputeServer, Faults
-from tests.fake_compute.harness import run_module
+from tests.fake_compute.harness import MODULES, run_module
 
 RULE = {"module": "gce_firewall", "project": "proj", "name": "rig-endpoint", "target_tags": ["gemma-rig"]}
 
@@ -216,3 +216,116 @@ def test_idempotent_with_the_server_defaults_present(fake: FakeComputeServer) ->
     assert (patched["id"], patched["creationTimestamp"]) == (stored["id"], stored["creationTimestamp"])
     assert run_module(fake.endpoint, source_ranges=wider, **RULE)["changed"] is False
     assert fake.api.mismatches == []
+
+
+# ---- emptying a list the module owns: firewalls.update (PUT), as a merge patch cannot ------------
+# The client writes no empty list, so a patch for target_tags: [] would carry no targetTags and
+# leave the old tags in place.
+UNTAGGED = dict(RULE, target_tags=[], source_ranges=["203.0.113.0/24"])
+
+
+def test_emptied_target_tags_are_cleared(fake: FakeComputeServer) -> None:
+    assert run_module(fake.endpoint, source_ranges=["203.0.113.0/24"], **RULE)["changed"] is True
+    tagged = fake.api.get_firewall("rig-endpoint")
+    assert tagged["targetTags"] == ["gemma-rig"]
+
+    cleared = run_module(fake.endpoint, diff=True, **UNTAGGED)
+    assert cleared["changed"] is True and not cleared.get("failed"), cleared
+    assert (
+        cleared["diff"]["before"]["target_tags"] == ["gemma-rig"]
+        and cleared["diff"]["after"]["target_tags"] == []
+    )
+    rule = fake.api.get_firewall("rig-endpoint")
+    assert "targetTags" not in rule and rule["sourceRanges"] == ["203.0.113.0/24"]
+    assert (rule["id"], rule["creationTimestamp"]) == (tagged["id"], tagged["creationTimestamp"])
+    (put,) = fake.api.requests("PUT", "/global/firewalls/rig-endpoint")
+    assert put["body"]["name"] == "rig-endpoint" and "targetTags" not in put["body"]
+    assert not fake.api.requests("PATCH")
+
+    again = run_module(fake.endpoint, **UNTAGGED)
+    assert again["changed"] is False and not again.get("failed"), again
+    assert len(fake.api.requests("PUT")) == 1 and fake.api.mismatches == []
+
+
+def test_check_mode_reports_the_clearing_and_sends_nothing(fake: FakeComputeServer) -> None:
+    run_module(fake.endpoint, source_ranges=["203.0.113.0/24"], **RULE)
+    log_size = len(fake.api.mutating_requests())
+    checked = run_module(fake.endpoint, check=True, diff=True, **UNTAGGED)
+    assert checked["changed"] is True and checked["diff"]["after"]["target_tags"] == []
+    assert len(fake.api.mutating_requests()) == log_size
+    assert fake.api.get_firewall("rig-endpoint")["targetTags"] == ["gemma-rig"]
+    # What check mode said is what the run does: after it, check mode has nothing left to change.
+    assert run_module(fake.endpoint, **UNTAGGED)["changed"] is True
+    assert run_module(fake.endpoint, check=True, **UNTAGGED)["changed"] is False
+
+
+def test_the_update_keeps_what_was_set_outside_the_module(fake: FakeComputeServer) -> None:
+    """A PUT replaces the whole rule: the module carries over every field it does not own."""
+    run_module(fake.endpoint, source_ranges=["203.0.113.0/24"], **RULE)
+    fake.api.firewalls["rig-endpoint"].update(
+        priority=900, logConfig={"enable": True}, sourceTags=["bastion"], disabled=True
+    )
+    assert run_module(fake.endpoint, **UNTAGGED)["changed"] is True
+    rule = fake.api.get_firewall("rig-endpoint")
+    assert "targetTags" not in rule
+    assert (rule["priority"], rule["logConfig"], rule["sourceTags"]) == (900, {"enable": True}, ["bastion"])
+    assert rule["disabled"] is True and rule["description"] == "Managed by gemma-rig"
+    assert fake.api.mismatches == []
+
+
+@pytest.mark.parametrize(
+    ("current", "wanted", "update"),
+    [
+        ({"targetTags": ["a"]}, {"target_tags": [], "source_ranges": []}, True),
+        ({"sourceRanges": ["203.0.113.0/24"]}, {"target_tags": [], "source_ranges": []}, True),
+        (
+            {"targetTags": ["a"]},
+            {"target_tags": ["b"], "source_ranges": []},
+            False,
+        ),  # a patch replaces a list
+        ({}, {"target_tags": [], "source_ranges": []}, False),
+    ],
+)
+def test_only_an_emptied_list_takes_an_update(current: dict, wanted: dict, update: bool) -> None:
+    """source_ranges cannot be wanted empty while the rule is present, so it is checked here."""
+    assert MODULES["gce_firewall"].emptied(current, wanted) is update
+
+
+def test_a_put_replaces_the_rule_whole(fake: FakeComputeServer) -> None:
+    """firewalls.update: "all fields will be updated if using PUT, even fields that are not
+    specified": what the body leaves out goes back to the server's default, output-only fields stay."""
+    _send(fake, "POST", "", dict(MINIMAL, targetTags=["a"], priority=900, logConfig={"enable": True}))
+    before = fake.api.get_firewall("fw1")
+    body = dict(MINIMAL, sourceRanges=["198.51.100.0/24"], id="1", kind="compute#firewall")
+    status, op = _send(fake, "PUT", "/fw1", body)
+    assert status == 200 and op["operationType"] == "update", op
+    after = fake.api.get_firewall("fw1")
+    assert after["sourceRanges"] == ["198.51.100.0/24"] and "targetTags" not in after
+    assert (after["priority"], after["logConfig"]) == (1000, {"enable": False})
+    assert {k: after[k] for k in ("id", "creationTimestamp", "selfLink", "kind")} == {
+        k: before[k] for k in ("id", "creationTimestamp", "selfLink", "kind")
+    }
+    assert fake.api.mismatches == []
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "message"),
+    [
+        ("/fw1", dict(MINIMAL, name="fw2"), 400, "Invalid value for field 'resource.name': 'fw2'."),
+        ("/fw1", {k: v for k, v in MINIMAL.items() if k != "name"}, 400,
+         "Invalid value for field 'resource.name': ''."),
+        ("/fw1", dict(MINIMAL, targetTag=["b"]), 400,
+         "Invalid JSON payload received. Unknown name \"targetTag\" at 'resource': Cannot find field."),
+        ("/fw1", dict(MINIMAL, priority=65536), 400, "Invalid value for field 'resource.priority': '65536'."),
+        ("/nope", dict(MINIMAL, name="nope"), 404, "The resource 'projects/proj/global/firewalls/nope' was not found"),
+    ],
+)  # fmt: skip
+def test_a_refused_put_changes_nothing(
+    fake: FakeComputeServer, path: str, body: dict, status: int, message: str
+) -> None:
+    _send(fake, "POST", "", MINIMAL)
+    before = fake.api.get_firewall("fw1")
+    operations = len(fake.api.operations)
+    got, answer = _send(fake, "PUT", path, body)
+    assert got == status and answer["error"]["message"].startswith(message), answer
+    assert fake.api.firewalls == {"fw1": before} and len(fake.api.operations) == operations
