@@ -2,7 +2,9 @@
 with the SDK's own client against the same rig and inventory/local.yml.
 
 Costs four vLLM starts (rigctl's restart after its stop; the server's swap there, restart after
-its stop, swap back) and one quick bench cell. Leaves the rig serving tiny-emb4.
+its stop, swap back) and one quick bench cell. Leaves the rig serving tiny-emb4. A test that
+needs what an earlier one leaves (the swapped rig) gets it from a fixture, which is a no-op in
+file order: each test also runs alone.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 
+from tests.ansible_run import run_playbook
 from tests.conftest import ROOT
 from tests.e2e.rig import assert_serving, podman, served_models
 
@@ -142,10 +145,18 @@ def mcp_dirs(local_rig, tmp_path_factory) -> tuple[Path, Path]:
     yield base / "locks", base / "runs"
     # The next test files expect the rig as site.yml left it: serving tiny-emb4.
     if served_models(local_rig.port) != [local_rig.model]:
-        from tests.ansible_run import run_playbook
-
         back = run_playbook("swap.yml", "-e", f"model={local_rig.model}")
         assert back.rc == 0, back.output[-4000:]
+
+
+@pytest.fixture
+def serving_other_model(mcp_dirs, local_rig) -> None:
+    """The rig serving OTHER_MODEL, as the server's swap test leaves it: swapped here only when a
+    test that needs it runs without that one before it (mcp_dirs' teardown swaps back)."""
+    if served_models(local_rig.port) != [OTHER_MODEL]:
+        there = run_playbook("swap.yml", "-e", f"model={OTHER_MODEL}")
+        assert there.rc == 0, there.output[-4000:]
+    assert_serving(local_rig.container, local_rig.port, OTHER_MODEL)
 
 
 def with_client(params: StdioServerParameters, body: Callable[[Client], Awaitable[Any]]) -> Any:
@@ -282,7 +293,7 @@ def test_swap_reports_progress_and_a_concurrent_call_is_busy(mcp_dirs, local_rig
     assert len(tasks) >= 10, tasks  # one notification per task
 
 
-def test_stop_start_restart_bench_and_swap_back(mcp_dirs, local_rig) -> None:
+def test_stop_start_restart_bench_and_swap_back(mcp_dirs, local_rig, serving_other_model) -> None:
     async def body(client: Client) -> dict[str, Any]:
         out = {"stop": ok(await client.call_tool("stop", {"rig": RIG}))}
         out["stopped"] = ok(await client.call_tool("status", {"rig": RIG}))

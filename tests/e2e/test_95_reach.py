@@ -3,7 +3,9 @@ loopback. Closed, the rig refuses it; opened (rig_endpoint_open, a range, a key)
 without the key and 200 with it, and status/query/bench/accuracy all work with the key, which never
 shows in their output at -vvv, in --diff or in any process's command line. It runs last, before
 test_99_teardown, and leaves the rig opened: nothing after it depends on a closed rig, and a closed
-rig's filter is tested as rendered (tests/unit/test_vllm_unit_filter.py) and at bring-up.
+rig's filter is tested as rendered (tests/unit/test_vllm_unit_filter.py) and at bring-up. The file
+starts closed (rig_start); the first test that needs the endpoint opened opens it (the `opened`
+fixture, once per file), so each test also runs alone and proves its claim on an opened rig.
 
 The client: a network namespace with one end of a veth pair, 10.231.0.2/30, the host's end
 10.231.0.1/30. The rig's container shares the host's network, so its port is on 10.231.0.1. Only
@@ -21,6 +23,7 @@ import re
 import shlex
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -28,7 +31,7 @@ import yaml
 
 from tests.ansible_run import PlaybookRun, run_playbook
 from tests.conftest import ROOT
-from tests.e2e.rig import podman
+from tests.e2e.rig import assert_closed, podman
 from tests.secret_watch import CmdlineSampler
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -132,6 +135,40 @@ def watched(playbook: str, *args: str, **kwargs: object) -> tuple[PlaybookRun, C
     return run, sampler
 
 
+@dataclass
+class Opening:
+    """site.yml's run that opened the endpoint, and what the secrets watch saw while it ran."""
+
+    run: PlaybookRun
+    sampler: CmdlineSampler
+
+
+@pytest.fixture(scope="module")
+def opened(local_rig, opened_vars: Path) -> Opening:
+    """The endpoint opened as a user opens it: site.yml with rig_endpoint_open, RANGE and KEY, at
+    -vvv and --diff under the secrets watch. Once per file: the file starts closed (rig_start), the
+    first test that needs it opened runs this, and the later ones find it done."""
+    run, sampler = watched("site.yml", "--diff", "-e", f"@{opened_vars}")
+    assert run.rc == 0, run.output[-6000:]
+    return Opening(run, sampler)
+
+
+def unit_allows(container: str) -> list[str]:
+    """vllm.service's IPAddressAllow as systemd loaded it, sorted (systemd's own order changed between runs)."""
+    shown = podman("exec", container, "systemctl", "show", "vllm", "-p", "IPAddressAllow").stdout
+    return sorted(shown.split("=", 1)[1].split())
+
+
+OPENED_ALLOWS = sorted(["127.0.0.0/8", "::1/128", RANGE])
+
+
+def loopback_status(port: int) -> str:
+    """HTTP status of GET /v1/models on loopback with no key: where the playbooks' requests go."""
+    url = f"http://127.0.0.1:{port}/v1/models"
+    res = sh("curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", url, check=False)
+    return res.stdout.strip() or res.stderr.strip()
+
+
 def assert_no_secret(run: PlaybookRun, sampler: CmdlineSampler) -> None:
     for secret in (KEY, ENV_TOKEN):
         where = run.output.find(secret)
@@ -141,24 +178,22 @@ def assert_no_secret(run: PlaybookRun, sampler: CmdlineSampler) -> None:
 
 
 def test_closed_endpoint_refuses_a_client_in_another_namespace(local_rig, client_ns) -> None:
+    assert_closed(local_rig.container)  # as the file starts (rig_start): the opened tests come after
     # Refused (a reset from the host), not unreachable: the packet arrived, nothing listens there.
     assert connect(local_rig.port) == "refused"
     # The same rig answers on loopback: the refusal is the bind address, not a broken rig.
     assert sh("curl", "-sS", f"http://127.0.0.1:{local_rig.port}/v1/models").returncode == 0
 
 
-def test_opened_endpoint_needs_the_key(local_rig, client_ns, opened_vars: Path, figure) -> None:
-    run, sampler = watched("site.yml", "--diff", "-e", f"@{opened_vars}")
-    assert run.rc == 0, run.output[-6000:]
+def test_opened_endpoint_needs_the_key(local_rig, client_ns, opened: Opening, figure) -> None:
+    run, sampler = opened.run, opened.sampler
     figure(
         "site.yml opening the local rig's endpoint", f"{run.seconds:.0f} s, changed={run.total('changed')}"
     )
     assert_no_secret(run, sampler)
     assert "tpu.env: " in run.output and "GEMMA_RIG_E2E_TOKEN" in run.output  # named, never shown
     assert 'echo "Authorization: Bearer $RIG_API_KEY" | curl -s http://127.0.0.1:8000' in run.output
-    shown = podman("exec", local_rig.container, "systemctl", "show", "vllm", "-p", "IPAddressAllow").stdout
-    # systemd lists the entries in an order of its own (it changed between runs): compare as sets.
-    assert sorted(shown.split("=", 1)[1].split()) == sorted(["127.0.0.0/8", "::1/128", RANGE])
+    assert unit_allows(local_rig.container) == OPENED_ALLOWS
 
     assert status_code() == "401"
     assert status_code(key="sk-wrong-key-0123456789") == "401"
@@ -173,7 +208,11 @@ def test_opened_endpoint_needs_the_key(local_rig, client_ns, opened_vars: Path, 
     assert status_code("/metrics") == "401" and status_code("/metrics", key=KEY) == "200"
 
 
-def test_playbooks_work_with_the_key_and_never_show_it(local_rig, opened_vars: Path, tmp_path: Path) -> None:
+def test_playbooks_work_with_the_key_and_never_show_it(
+    local_rig, opened: Opening, opened_vars: Path, tmp_path: Path
+) -> None:
+    # The playbooks ask on loopback: refused there without the key, so a play that works sent it.
+    assert loopback_status(local_rig.port) == "401"
     evars = ("-e", f"@{opened_vars}")
     status, sampler = watched("playbooks/status.yml", *evars)
     assert status.rc == 0, status.output[-6000:]
@@ -208,7 +247,7 @@ def test_playbooks_work_with_the_key_and_never_show_it(local_rig, opened_vars: P
     assert len(scores["scores"]) == 5
 
 
-def test_the_docs_curls_as_written(local_rig, client_ns) -> None:
+def test_the_docs_curls_as_written(local_rig, client_ns, opened: Opening) -> None:
     """docs/gce.md, "Reach the endpoint": the opened endpoint's commands, run from the client."""
     doc = (ROOT / "docs" / "gce.md").read_text()
     section = doc.split("## Reach the endpoint", 1)[1].split("\n## ", 1)[0]
@@ -231,7 +270,11 @@ def test_the_docs_curls_as_written(local_rig, client_ns) -> None:
     assert json.loads(outs[2])["usage"]["completion_tokens"] > 0
 
 
-def test_readiness_fails_when_the_unit_filter_disagrees(local_rig, opened_vars: Path) -> None:
+def test_readiness_fails_when_the_unit_filter_disagrees(
+    local_rig, opened: Opening, opened_vars: Path
+) -> None:
+    # The unit admits the opened range before the drop-in: the disagreement below is the drop-in's.
+    assert unit_allows(local_rig.container) == OPENED_ALLOWS
     dropin = "/etc/systemd/system/vllm.service.d/50-reach-test.conf"
     podman("exec", local_rig.container, "sh", "-c",
            f"mkdir -p {Path(dropin).parent} && printf '[Service]\\nIPAddressAllow=\\nIPAddressAllow=localhost\\n' > {dropin}"
