@@ -22,7 +22,7 @@ from mcp import Client, StdioServerParameters
 
 from tests.ansible_run import run_playbook
 from tests.conftest import ROOT
-from tests.e2e.rig import assert_serving, podman, served_models
+from tests.e2e.rig import assert_serving, podman, served_build
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 RIG_START = "default"  # serving tiny-emb4, closed: checked by conftest.rig_start
@@ -113,7 +113,7 @@ def test_rigctl_stop_then_restart_and_start(local_rig) -> None:
     assert rc == 0 and f"serving {local_rig.model} on http://127.0.0.1:{local_rig.port}" in out, out
     rc, out = rigctl(local_rig.container, "start")
     assert rc == 0 and f"serving {local_rig.model}" in out, out
-    assert served_models(local_rig.port) == [local_rig.model]
+    assert served_build(local_rig.port) == local_rig.model
 
 
 # --- the MCP server ----------------------------------------------------------------------------
@@ -144,7 +144,7 @@ def mcp_dirs(local_rig, tmp_path_factory) -> tuple[Path, Path]:
     base = tmp_path_factory.mktemp("mcp")
     yield base / "locks", base / "runs"
     # The next test files expect the rig as site.yml left it: serving tiny-emb4.
-    if served_models(local_rig.port) != [local_rig.model]:
+    if served_build(local_rig.port) != local_rig.model:
         back = run_playbook("swap.yml", "-e", f"model={local_rig.model}")
         assert back.rc == 0, back.output[-4000:]
 
@@ -153,7 +153,7 @@ def mcp_dirs(local_rig, tmp_path_factory) -> tuple[Path, Path]:
 def serving_other_model(mcp_dirs, local_rig) -> None:
     """The rig serving OTHER_MODEL, as the server's swap test leaves it: swapped here only when a
     test that needs it runs without that one before it (mcp_dirs' teardown swaps back)."""
-    if served_models(local_rig.port) != [OTHER_MODEL]:
+    if served_build(local_rig.port) != OTHER_MODEL:
         there = run_playbook("swap.yml", "-e", f"model={OTHER_MODEL}")
         assert there.rc == 0, there.output[-4000:]
     assert_serving(local_rig.container, local_rig.port, OTHER_MODEL)
