@@ -31,7 +31,7 @@ import yaml
 
 from tests.ansible_run import PlaybookRun, run_playbook
 from tests.conftest import ROOT
-from tests.e2e.rig import assert_closed, podman
+from tests.e2e.rig import assert_closed, load_catalog, podman
 from tests.secret_watch import CmdlineSampler
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -266,7 +266,11 @@ def test_the_docs_curls_as_written(local_rig, client_ns, opened: Opening) -> Non
         assert res.returncode == 0, res
         outs.append(res.stdout)
     assert outs[0].strip() == "401"
-    assert [m["id"] for m in json.loads(outs[1])["data"]] == [local_rig.model]
+    # the build, then its catalog alias (vLLM serves both names)
+    assert [m["id"] for m in json.loads(outs[1])["data"]] == [
+        local_rig.model,
+        load_catalog()[local_rig.model]["alias"],
+    ]
     assert json.loads(outs[2])["usage"]["completion_tokens"] > 0
 
 
