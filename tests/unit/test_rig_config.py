@@ -21,6 +21,7 @@ CONTRACT_KEYS = [
     "RIG_MODEL_KEY",
     "RIG_MODEL",
     "RIG_SERVED_MODEL_NAME",
+    "RIG_SERVED_ALIAS",
     "RIG_HOST",
     "RIG_PORT",
     "RIG_DTYPE",

@@ -286,7 +286,7 @@ def wait_ready(rig: Rig, timeout: float, restarts_before: int) -> str:
         if rig.http("/health")[0] == 200:
             status, served = rig.served()
             if status == 200 and served:
-                return ", ".join(served)
+                return served[0]  # the build (its alias follows in the list)
         time.sleep(2)
     raise RigctlError(f"{rig.unit} did not answer /health and /v1/models within {timeout:.0f} s")
 
