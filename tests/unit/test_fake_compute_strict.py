@@ -46,18 +46,23 @@ def test_a_vm_lifecycle_sends_only_what_the_api_sends(fake: FakeComputeServer) -
     assert fake.api.mismatches == []
 
 
+def misspell(monkeypatch: pytest.MonkeyPatch, getter: str, field: str, wrong: str) -> None:
+    """Make the fake's ``getter`` answer with ``field`` spelt ``wrong`` (a field the API never sends)."""
+    real_get = getattr(FakeCompute, getter)
+
+    def misspelt(self: FakeCompute, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        answer = real_get(self, *args, **kwargs)
+        answer[wrong] = answer.pop(field)
+        return answer
+
+    monkeypatch.setattr(FakeCompute, getter, misspelt)
+
+
 def test_a_misspelt_answer_field_fails_the_module_naming_it(
     fake: FakeComputeServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run_module(fake.endpoint, **VM)
-    real_get = FakeCompute.get_instance
-
-    def misspelt(self: FakeCompute, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        answer = real_get(self, *args, **kwargs)
-        answer["statuss"] = answer.pop("status")
-        return answer
-
-    monkeypatch.setattr(FakeCompute, "get_instance", misspelt)
+    misspell(monkeypatch, "get_instance", "status", "statuss")
     result = run_module(fake.endpoint, retry_deadline=0.2, **VM)
     assert result.get("failed"), result
     assert "statuss" in result["msg"]
@@ -71,14 +76,7 @@ def test_a_misspelt_firewall_answer_fails_the_module_naming_it(
 ) -> None:
     rule = {"module": "gce_firewall", "project": "p", "name": "fw1", "source_ranges": ["203.0.113.0/24"]}
     assert run_module(fake.endpoint, **rule)["changed"] is True
-    real_get = FakeCompute.get_firewall
-
-    def misspelt(self: FakeCompute, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        answer = real_get(self, *args, **kwargs)
-        answer["sourceRange"] = answer.pop("sourceRanges")
-        return answer
-
-    monkeypatch.setattr(FakeCompute, "get_firewall", misspelt)
+    misspell(monkeypatch, "get_firewall", "sourceRanges", "sourceRange")
     # gce_firewall has no retry options: the 500 is retried until a short deadline, not two minutes.
     monkeypatch.setattr(MODULES["gce_firewall"], "make_retry", lambda: make_retry(initial=0.01, deadline=0.2))
     result = run_module(fake.endpoint, **rule)
