@@ -275,3 +275,36 @@ def test_the_gateway_routes_only_plain_names_a_rig_reports(tmp_path: Path) -> No
     assert argv == ["--socket", str(tmp_path / "admin.sock"), "restore", "good", "tiny-emb4",
                     "--alias", "tiny-gemma-4", "--timeout", "60"]  # fmt: skip
     nothing_written_outside(tmp_path, marker)
+
+
+def test_the_gateway_renders_nothing_from_names_that_are_not_plain(tmp_path: Path) -> None:
+    """The gateway role reads every rig's tpu.env for the names it routes by; hostile ones (as the
+    served name or as the alias) stop it before a backend name, a map key or haproxy.cfg is written."""
+    marker = tmp_path / "MARKER"
+    hostile = {**hostile_keys(marker), "option": "--socket=/tmp/evil", "spaced": "x track be_default/y"}
+    envs = {f"name-{k}": f"RIG_SERVED_MODEL_NAME={v}\nRIG_SERVED_ALIAS=\n" for k, v in hostile.items()}
+    envs |= {
+        f"alias-{k}": f"RIG_SERVED_MODEL_NAME=tiny-emb4\nRIG_SERVED_ALIAS={v}\n" for k, v in hostile.items()
+    }
+    hosts = {}
+    for name, text in envs.items():
+        (tmp_path / f"{name}.env").write_text(text)
+        hosts[name] = {"rig_env_file": str(tmp_path / f"{name}.env"), "rig_port": 8000}
+    etc = tmp_path / "etc"
+    gateway = {"gateway_service_manage": False, "gateway_config_dir": str(etc), "gateway_port": 18443}
+    play = tmp_path / "config.yml"
+    play.write_text(
+        json.dumps(
+            [{"hosts": "gateways", "gather_facts": False, "tasks": [
+                {"name": "Render", "ansible.builtin.include_role": {"name": "gateway", "tasks_from": "config"}},
+            ]}]
+        )
+    )  # fmt: skip
+    run = run_playbook(str(play), inventory=write_inventory(tmp_path, hosts, {"gw": gateway}))
+    assert run.rc != 0 and run.recap["gw"]["failed"] == 1, run.output[-3000:]
+    said = " ".join(run.output.split())
+    assert "RIG_SERVED_MODEL_NAME and RIG_SERVED_ALIAS in its tpu.env must be plain names" in said, (
+        run.output[-3000:]
+    )
+    assert not etc.exists() or not any(p.is_file() for p in etc.rglob("*"))
+    nothing_written_outside(tmp_path, marker)
