@@ -272,7 +272,7 @@ class Rig:
         self.env = {
             **os.environ,
             "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-            "CONTAINERS_CONF": str(ROOT / "files" / "containers.conf"),
+            "CONTAINERS_CONF": str(ROOT / "roles/local_rig/files/containers.conf"),
             "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}",
             "ANSIBLE_FORCE_COLOR": "0",
             "ANSIBLE_NOCOLOR": "1",

@@ -98,7 +98,9 @@ def environment() -> dict[str, str]:
     venv_bin = str(Path(ansible_command("ansible-playbook")).parent)
     return {
         "ANSIBLE_CONFIG": os.environ.get("ANSIBLE_CONFIG", str(ROOT / "ansible.cfg")),
-        "CONTAINERS_CONF": os.environ.get("CONTAINERS_CONF", str(ROOT / "files" / "containers.conf")),
+        "CONTAINERS_CONF": os.environ.get(
+            "CONTAINERS_CONF", str(ROOT / "roles/local_rig/files/containers.conf")
+        ),
         "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
         "ANSIBLE_NOCOLOR": "1",
     }

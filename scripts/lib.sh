@@ -22,7 +22,7 @@ need_free_gb() {  # need_free_gb DIR GB
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV="$ROOT/.venv"
 BUILD="$ROOT/build"
-export CONTAINERS_CONF="$ROOT/files/containers.conf"
+export CONTAINERS_CONF="$ROOT/roles/local_rig/files/containers.conf"
 export ANSIBLE_CONFIG="$ROOT/ansible.cfg"
 
 # Background jobs, each in its own session (setsid), so that stopping one stops every process it

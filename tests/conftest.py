@@ -18,7 +18,7 @@ VENV_BIN = ROOT / ".venv" / "bin"
 
 # Ansible and podman read these; set them once so every subprocess a test starts agrees.
 os.environ.setdefault("ANSIBLE_CONFIG", str(ROOT / "ansible.cfg"))
-os.environ.setdefault("CONTAINERS_CONF", str(ROOT / "files" / "containers.conf"))
+os.environ.setdefault("CONTAINERS_CONF", str(ROOT / "roles/local_rig/files/containers.conf"))
 os.environ["PATH"] = f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
 
 

@@ -47,7 +47,7 @@ def test_nothing_run_names_a_machine_only_interpreter() -> None:
 
 
 def _default_suites() -> set[str]:
-    script = (ROOT / "scripts" / "build-images.sh").read_text()
+    script = (ROOT / "roles" / "local_rig" / "files" / "build-images.sh").read_text()
     m = re.search(r'for suite in "\$\{@:-([a-z ]+)\}"', script)
     assert m, "build-images.sh's default suites not found"
     return set(m.group(1).split())

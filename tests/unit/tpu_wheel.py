@@ -133,7 +133,7 @@ def jax_python() -> Path:
     stamp = home / ".complete"
     probe = subprocess.run(
         ["podman", "image", "exists", JAX_IMAGE],
-        env={**os.environ, "CONTAINERS_CONF": str(ROOT / "files" / "containers.conf")},
+        env={**os.environ, "CONTAINERS_CONF": str(ROOT / "roles/local_rig/files/containers.conf")},
         check=False,
         timeout=60,
     )
@@ -164,7 +164,9 @@ def jax_python() -> Path:
         )
         stamp.write_text(version + "\n")
     python.write_text(
-        _WRAPPER.format(image=JAX_IMAGE, site=site, containers_conf=ROOT / "files" / "containers.conf")
+        _WRAPPER.format(
+            image=JAX_IMAGE, site=site, containers_conf=ROOT / "roles/local_rig/files/containers.conf"
+        )
     )
     python.chmod(0o755)
     return python
