@@ -138,7 +138,7 @@ def test_swap_reads_only_a_catalog_key_back(tmp_path: Path) -> None:
         json.dumps(
             [{"hosts": "rigs", "gather_facts": False, "tasks": [
                 {"name": "Read the swap's state",
-                 "ansible.builtin.include_tasks": str(ROOT / "playbooks" / "tasks" / "swap_read_state.yml")},
+                 "ansible.builtin.include_role": {"name": "swap", "tasks_from": "read_state"}},
                 {"name": "Say what was read", "ansible.builtin.debug": {"var": "_swap_old_model"}},
             ]}]
         )
@@ -260,9 +260,9 @@ def test_the_gateway_routes_only_plain_names_a_rig_reports(tmp_path: Path) -> No
     play = tmp_path / "ready.yml"
     play.write_text(
         json.dumps(
-            [{"hosts": "rigs", "gather_facts": False, "vars": {"_swap_gateways": ["gw"]}, "tasks": [
-                {"name": "Put the rig back", "ansible.builtin.include_tasks":
-                    str(ROOT / "playbooks" / "tasks" / "gateway_ready.yml")},
+            [{"hosts": "rigs", "gather_facts": False, "tasks": [
+                {"name": "Put the rig back", "vars": {"gateway_hosts": ["gw"]},
+                 "ansible.builtin.include_role": {"name": "gateway", "tasks_from": "ready"}},
             ]}]
         )
     )  # fmt: skip

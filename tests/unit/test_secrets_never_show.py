@@ -163,7 +163,7 @@ def test_swap_reads_tpu_env_without_showing_it(tmp_path: Path) -> None:
     env_file.write_text(f"RIG_MODEL_KEY=tiny-emb4\nVLLM_API_KEY={API_KEY}\nHF_TOKEN={ENV_TOKEN}\n")
     (tmp_path / "current").symlink_to(tmp_path)
     tasks = [
-        {"name": "Read the swap state", "ansible.builtin.include_tasks": str(ROOT / "playbooks/tasks/swap_read_state.yml")},
+        {"name": "Read the swap state", "ansible.builtin.include_role": {"name": "swap", "tasks_from": "read_state"}},
         {"name": "Show the old model", "ansible.builtin.debug": {"msg": "old model: {{ _swap_old_model }}"}},
     ]  # fmt: skip
     play = play_file(tmp_path, tasks)
