@@ -26,14 +26,15 @@ description:
     added files only while they are still the module's. O(state=check) changes nothing and fails
     unless the patch is present exactly, which is what a rig runs before every start (a reinstall
     or upgrade of tpu-inference silently removes the patch).
-  - The same logic runs standalone as C(python tpu_inference_patch.py check --python PY).
+  - The same logic runs standalone as C(python tpu_inference_patch.py check --python PY), the
+    check a rig's unit runs before every start: O(checker) writes it, this module's own code, to the rig.
 version_added: "0.1.0"
 author: gemma-rig contributors !UNKNOWN
 options:
   package_dir:
     description:
       - The installed C(tpu_inference) package directory (in a virtualenv's site-packages).
-      - Exactly one of O(package_dir) and O(python) is required.
+      - Exactly one of O(package_dir), O(python) and O(checker) is required.
     type: path
   python:
     description:
@@ -46,6 +47,13 @@ options:
     type: str
     choices: [present, absent, check]
     default: present
+  checker:
+    description:
+      - Instead of patching, write the check to this path (a script, run as
+        C(PY -I CHECKER check --python PY)), with O(owner), O(group) and O(mode).
+      - It is this module's own patch code, so the check and the patch cannot differ.
+    type: path
+extends_documentation_fragment: [ansible.builtin.files]
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
@@ -77,17 +85,27 @@ EXAMPLES = r"""
   tpu_inference_patch:
     package_dir: /opt1/venv/lib/python3.12/site-packages/tpu_inference
     state: absent
+
+- name: Install the check a unit runs before every start
+  tpu_inference_patch:
+    checker: /usr/local/libexec/gemma-rig/tpu_inference_patch.py
+    mode: "0644"
 """
 
 RETURN = r"""
+checker:
+  description: Where the check was written.
+  returned: with O(checker)
+  type: str
+  sample: /usr/local/libexec/gemma-rig/tpu_inference_patch.py
 package_dir:
   description: The tpu_inference package directory that was checked or patched.
-  returned: always
+  returned: unless O(checker)
   type: str
   sample: /opt1/venv/lib/python3.12/site-packages/tpu_inference
 files:
   description: Each file the patch owns, relative to O(package_dir), and whether the task changed it.
-  returned: always
+  returned: unless O(checker)
   type: list
   elements: dict
   contains:
@@ -99,13 +117,15 @@ files:
       type: bool
   sample: [{"path": "models/jax/gemma4.py", "changed": true}]
 diff:
-  description: Each changed file before and after (what C(--diff) shows); an absent file is empty.
+  description: Each changed file before and after (what C(--diff) shows); an absent file is empty (with O(checker), one dict for it).
   returned: when changed or in diff mode
   type: list
   elements: dict
 """
 
+import ansible.module_utils.tpu_inference_patch as patch_code  # noqa: E402
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.own_source import install  # noqa: E402
 from ansible.module_utils.tpu_inference_patch import (  # noqa: E402
     PatchError,
     locate,
@@ -121,12 +141,16 @@ def main() -> None:
             "package_dir": {"type": "path"},
             "python": {"type": "path"},
             "state": {"type": "str", "choices": ["present", "absent", "check"], "default": "present"},
+            "checker": {"type": "path"},
         },
-        mutually_exclusive=[("package_dir", "python")],
-        required_one_of=[("package_dir", "python")],
+        mutually_exclusive=[("package_dir", "python", "checker")],
+        required_one_of=[("package_dir", "python", "checker")],
+        add_file_common_args=True,
         supports_check_mode=True,
     )
     params = module.params
+    if params["checker"]:
+        module.exit_json(**install(module, patch_code, params["checker"]))
     try:
         package_dir = params["package_dir"] or locate(params["python"])
         changes = plan(package_dir, params["state"])

@@ -20,15 +20,15 @@ description:
   - Before writing, it checks that the code around the insertion point is vLLM 0.29.0's; if an
     anchor is missing it fails, names the anchor, and changes nothing. The patched file is
     compiled before it replaces the original (atomically, keeping owner and mode).
-  - The same logic runs standalone as the vllm service's C(ExecStartPre) check
-    (C(clamp-check check --python PY), installed by the vllm_service role).
+  - The same logic runs standalone as the vllm service's C(ExecStartPre) check,
+    C(clamp-check check --python PY): O(checker) writes it, this module's own code, to the rig.
 version_added: "0.1.0"
 author: gemma-rig contributors !UNKNOWN
 options:
   path:
     description:
       - The C(triton_unified_attention.py) file to patch.
-      - Exactly one of O(path) and O(python) is required.
+      - Exactly one of O(path), O(python) and O(checker) is required.
     type: path
   python:
     description:
@@ -48,6 +48,13 @@ options:
       - A clamp applied with another budget is replaced.
     type: int
     default: 60000
+  checker:
+    description:
+      - Instead of patching, write the check to this path (a script, run as
+        C(PY -I CHECKER check --python PY)), with O(owner), O(group) and O(mode).
+      - It is this module's own clamp code, so the check and the patch cannot differ.
+    type: path
+extends_documentation_fragment: [ansible.builtin.files]
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
@@ -78,22 +85,32 @@ EXAMPLES = r"""
   turing_clamp:
     python: /opt1/venv/bin/python
     state: absent
+
+- name: Install the check a unit runs before every start
+  turing_clamp:
+    checker: /usr/local/libexec/gemma-rig/clamp-check
+    mode: "0755"
 """
 
 RETURN = r"""
+checker:
+  description: Where the check was written.
+  returned: with O(checker)
+  type: str
+  sample: /usr/local/libexec/gemma-rig/clamp-check
 path:
   description: The file that was checked or patched.
-  returned: always
+  returned: unless O(checker)
   type: str
   sample: /opt1/venv/lib/python3.11/site-packages/vllm/v1/attention/ops/triton_unified_attention.py
 occurrences:
   description: How many clamp blocks the file holds after the task (or would hold, in check mode).
-  returned: always
+  returned: unless O(checker)
   type: int
   sample: 1
 occurrences_before:
   description: How many clamp blocks the file held before the task.
-  returned: always
+  returned: unless O(checker)
   type: int
   sample: 0
 diff:
@@ -112,7 +129,9 @@ diff:
 import os  # noqa: E402  (Ansible modules put their documentation first)
 import tempfile  # noqa: E402
 
+import ansible.module_utils.turing_clamp as clamp_code  # noqa: E402
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.own_source import install  # noqa: E402
 from ansible.module_utils.turing_clamp import (  # noqa: E402
     ClampError,
     apply,
@@ -130,12 +149,16 @@ def main() -> None:
             "python": {"type": "path"},
             "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},
             "smem_budget": {"type": "int", "default": 60000},
+            "checker": {"type": "path"},
         },
-        mutually_exclusive=[("path", "python")],
-        required_one_of=[("path", "python")],
+        mutually_exclusive=[("path", "python", "checker")],
+        required_one_of=[("path", "python", "checker")],
+        add_file_common_args=True,
         supports_check_mode=True,
     )
     params = module.params
+    if params["checker"]:
+        module.exit_json(**install(module, clamp_code, params["checker"]))
     if params["smem_budget"] < 1:
         module.fail_json(msg=f"smem_budget must be a positive number of bytes, got {params['smem_budget']}")
 

@@ -24,9 +24,9 @@ replacements and checks the result's sha256 against the release, so ``absent`` r
 original bytes or changes nothing. A file in any other state is refused, naming what differs.
 
 Like ``turing_clamp.py`` this file stays free of Ansible imports: ``library/tpu_inference_patch.py``
-imports it as ``ansible.module_utils.tpu_inference_patch``, and ``python tpu_inference_patch.py
-check --python PY`` is the command a TPU rig's unit runs before every start (exit 0 only when the
-installed tpu-inference carries the whole patch).
+imports it as ``ansible.module_utils.tpu_inference_patch``, and its ``checker`` option writes this
+very file to the rig, where ``python tpu_inference_patch.py check --python PY`` is the command the
+unit runs before every start (exit 0 only when the installed tpu-inference carries the whole patch).
 """
 
 from __future__ import annotations

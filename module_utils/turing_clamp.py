@@ -11,15 +11,16 @@ This file has one job with two users, so it must stay free of Ansible imports:
 
 * ``library/turing_clamp.py`` (the Ansible module) imports it as
   ``ansible.module_utils.turing_clamp``;
-* the vllm_service role ships a byte-identical copy (``roles/vllm_service/files/turing_clamp.py``,
-  kept equal by ``tests/unit/test_clamp_one_source.py``) and installs it beside its command-line
-  front end ``clamp-check``, which the service runs as ``ExecStartPre``: exit 0 only when the
-  clamp is present exactly once in the installed vLLM (a reinstall or upgrade silently removes it).
+* that module's ``checker`` option writes this very file to the rig as ``clamp-check``, which the
+  service runs as ``ExecStartPre`` (``main`` below): exit 0 only when the clamp is present exactly
+  once in the installed vLLM (a reinstall or upgrade silently removes it).
 """
 
 from __future__ import annotations
 
+import argparse
 import subprocess
+import sys
 from dataclasses import dataclass
 
 # The file, relative to the installed ``vllm`` package directory.
@@ -182,3 +183,33 @@ def check_file(path: str) -> tuple[bool, str]:
             "re-run the vllm role to apply it"
         )
     return False, f"turing clamp present {found} times in {path}; expected exactly once"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: ``check [--python PY | --path FILE]``; exit 0 only when the clamp is there once."""
+    parser = argparse.ArgumentParser(
+        prog="clamp-check",
+        description="Check that vLLM's Triton unified attention carries the gemma-rig Turing clamp "
+        "exactly once (the vllm service's ExecStartPre).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    chk = sub.add_parser("check", help="exit 0 only when the clamp is present exactly once")
+    where = chk.add_mutually_exclusive_group()
+    where.add_argument(
+        "--python", help="interpreter whose installed vLLM to check (default: the one running this)"
+    )
+    where.add_argument("--path", help="check this triton_unified_attention.py directly")
+    args = parser.parse_args(argv)
+
+    try:
+        path = args.path or locate(args.python or sys.executable)
+    except ClampError as exc:
+        print(f"clamp-check: {exc}", file=sys.stderr)
+        return 2
+    ok, message = check_file(path)
+    print(f"clamp-check: {message}", file=sys.stdout if ok else sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

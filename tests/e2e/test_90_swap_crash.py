@@ -292,7 +292,7 @@ def test_killed_during_the_rollback(rig: Path, broken_catalog: Path, tmp_path: P
 ATTENTION = "/opt1/venv/lib/python3.11/site-packages/vllm/v1/attention/ops/triton_unified_attention.py"
 UNCLAMP = (
     "import importlib.machinery, sys; "
-    "m = importlib.machinery.SourceFileLoader('c', '/usr/local/libexec/gemma-rig/turing_clamp.py').load_module(); "
+    "m = importlib.machinery.SourceFileLoader('c', '/usr/local/libexec/gemma-rig/clamp-check').load_module(); "
     "p = sys.argv[1]; open(p, 'w').write(m.remove(open(p).read()))"
 )
 

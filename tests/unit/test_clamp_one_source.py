@@ -1,43 +1,76 @@
-"""The clamp has one source: the module's module_utils and the copy the rig's check runs agree."""
+"""The checks a rig runs before every start have one source: the patch modules' module_utils files.
+
+Each patch module writes its own module_utils file, read through its loader (AnsiballZ's zip when
+run by Ansible), to the path its ``checker`` option names; the vllm_service role calls it there
+and the unit runs what it wrote. No other copy exists to drift.
+"""
 
 from __future__ import annotations
 
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
 from tests.conftest import ROOT
+from tests.unit.test_turing_clamp_module import playbook
 
-MODULE_UTILS = ROOT / "module_utils" / "turing_clamp.py"
-ROLE_COPY = ROOT / "roles" / "vllm_service" / "files" / "turing_clamp.py"
-
-
-def test_the_role_ships_module_utils_byte_for_byte() -> None:
-    """The vllm_service role must stay self-contained (it ships its files), and the check it
-    installs must be the module's own code: edit module_utils/turing_clamp.py, then
-    `cp module_utils/turing_clamp.py roles/vllm_service/files/`."""
-    assert ROLE_COPY.read_bytes() == MODULE_UTILS.read_bytes(), (
-        f"{ROLE_COPY.relative_to(ROOT)} differs from {MODULE_UTILS.relative_to(ROOT)}: "
-        "copy module_utils/turing_clamp.py over it"
-    )
+SOURCES = {
+    "turing_clamp": ROOT / "module_utils" / "turing_clamp.py",
+    "tpu_inference_patch": ROOT / "module_utils" / "tpu_inference_patch.py",
+}
 
 
-def test_the_role_installs_its_own_copy() -> None:
-    """The install task names the role's file (found in files/), not a path out of the role."""
-    tasks = (ROOT / "roles" / "vllm_service" / "tasks" / "main.yml").read_text()
-    assert "src: turing_clamp.py" in tasks
-    assert "module_utils" not in tasks.replace("module_utils/turing_clamp.py, byte for byte", "")
+@pytest.mark.parametrize("module", sorted(SOURCES))
+def test_the_installed_checker_is_the_source(module: str, tmp_path: Path) -> None:
+    """Check mode writes nothing, the write is the source byte for byte with the mode asked for,
+    a second run changes nothing, and a checker edited on the rig is put back."""
+    dest = tmp_path / "libexec" / "checker"
+    dest.parent.mkdir()
+
+    def step(**extra: object) -> dict:
+        return {module: {"checker": str(dest), "mode": "0644"}, **extra}
+
+    first = playbook(tmp_path, [step(check_mode=True, diff=True)])
+    assert first[0]["changed"] and not dest.exists(), first
+    assert first[0]["diff"]["after"] == SOURCES[module].read_text()
+
+    results = playbook(tmp_path, [step(), step()])
+    assert [r["changed"] for r in results] == [True, False], results
+    assert dest.read_bytes() == SOURCES[module].read_bytes()
+    assert dest.stat().st_mode & 0o777 == 0o644
+
+    dest.write_text("edited on the rig\n")
+    os.chmod(dest, 0o600)
+    again = playbook(tmp_path, [step()])
+    assert again[0]["changed"] and dest.read_bytes() == SOURCES[module].read_bytes()
+    assert dest.stat().st_mode & 0o777 == 0o644
 
 
-def test_module_utils_is_free_of_script_code() -> None:
-    """ansible-test's pylint forbids print and sys.exit in module_utils: the CLI lives in the role."""
-    text = MODULE_UTILS.read_text()
-    assert 'if __name__ == "__main__"' not in text
-    assert "import sys" not in text and "import argparse" not in text
+def test_no_other_copy_of_a_source_is_tracked() -> None:
+    """The project holds each checker's code once (a copy would be what the rig runs, unchecked)."""
+    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True)
+    wanted = {path.read_bytes() for path in SOURCES.values()}
+    files = [ROOT / name for name in listed.stdout.splitlines()]
+    copies = [f for f in files if f.is_file() and f not in SOURCES.values() and f.read_bytes() in wanted]
+    assert copies == [], f"copies of a checker's source: {copies}"
 
 
-def test_the_tpu_patch_check_is_the_modules_own_code() -> None:
-    """The tpu unit's ExecStartPre runs the tpu_inference_patch module's own check (its
-    module_utils file as a script), shipped by vllm_service: edit module_utils/tpu_inference_patch.py,
-    then `cp module_utils/tpu_inference_patch.py roles/vllm_service/files/`."""
-    source = ROOT / "module_utils" / "tpu_inference_patch.py"
-    copy = ROOT / "roles" / "vllm_service" / "files" / "tpu_inference_patch.py"
-    assert copy.read_bytes() == source.read_bytes(), (
-        f"copy {source.relative_to(ROOT)} over {copy.relative_to(ROOT)}"
-    )
+def test_the_unit_runs_what_the_role_installs() -> None:
+    """Each checker task's path is the one an ExecStartPre of the unit runs, under its own switch."""
+    role = ROOT / "roles" / "vllm_service"
+    tasks = yaml.safe_load((role / "tasks" / "main.yml").read_text())
+    unit = (role / "templates" / "vllm.service.j2").read_text()
+    installs = {t["name"]: t for t in tasks if any(m in t for m in SOURCES)}
+    assert len(installs) == len(SOURCES), list(installs)
+    for task in installs.values():
+        (module,) = [m for m in SOURCES if m in task]
+        path = task[module]["checker"]
+        run = f"ExecStartPre={{{{ _vllm_service_python }}}} -I {path} check --python {{{{ _vllm_service_python }}}}"
+        assert run in unit, (module, path)
+        switch = task["when"]
+        assert (
+            unit.index(f"{{% if {switch} %}}") < unit.index(run) < unit.index("{% endif %}", unit.index(run))
+        )

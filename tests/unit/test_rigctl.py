@@ -100,7 +100,7 @@ def test_code_checks_on_a_tpu_unit(tmp_path: Path) -> None:
     )
     # The real check, against a Python without tpu_inference: it fails and says why.
     real = [
-        str(ROOT / "roles/vllm_service/files/tpu_inference_patch.py"),
+        str(ROOT / "module_utils/tpu_inference_patch.py"),
         "check",
         "--python",
         sys.executable,

@@ -14,8 +14,8 @@ import pytest
 from tests.conftest import ROOT, VENV_BIN
 from tests.unit.test_turing_clamp import copy_of_vllm_file, tc
 
-# The ExecStartPre front end as the vllm_service role ships it, beside its copy of the clamp.
-CHECK = ROOT / "roles" / "vllm_service" / "files" / "clamp_check.py"
+# The ExecStartPre check: the module's own module_utils file, which its checker option installs.
+CHECK = ROOT / "module_utils" / "turing_clamp.py"
 
 
 def playbook(tmp_path: Path, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -167,17 +167,18 @@ def test_clamp_check_cli(tmp_path: Path) -> None:
 
 
 def test_clamp_check_runs_with_the_interpreter_it_checks(tmp_path: Path) -> None:
-    """As ExecStartPre runs it: ``<venv>/bin/python clamp-check check``, no --python."""
+    """As the role installs it (the module's checker, alone in its folder) and ExecStartPre runs
+    it: ``<venv>/bin/python -I clamp-check check``, no --python."""
     python, target = fake_venv(tmp_path)
     target.write_text(tc.apply(target.read_text()))
     libexec = tmp_path / "libexec"
     libexec.mkdir()
     installed = libexec / "clamp-check"
-    installed.write_bytes(CHECK.read_bytes())
-    (libexec / "turing_clamp.py").write_bytes((CHECK.parent / "turing_clamp.py").read_bytes())
-    # -I as in the unit: the script's own directory is not on sys.path unless it puts it there.
+    results = playbook(tmp_path, [{"turing_clamp": {"checker": str(installed)}}])
+    assert results[0]["changed"] and os.listdir(libexec) == ["clamp-check"], results
     res = subprocess.run([str(python), "-I", str(installed), "check"], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("clamp-check: turing clamp present once in ")
 
 
 @pytest.mark.parametrize("args", [["--help"], ["check", "--help"]])
