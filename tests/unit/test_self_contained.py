@@ -52,3 +52,29 @@ def test_platform_plays_only_include_their_machine_role() -> None:
         tasks = ROOT / "roles" / role / "tasks" / f"{tasks_from or 'main'}.yml"
         spec = yaml.safe_load((ROOT / "roles" / role / "meta" / "argument_specs.yml").read_text())
         assert tasks.is_file() and (tasks_from or "main") in spec["argument_specs"], name
+
+
+LOOSE_TASKS = re.compile(r"ansible\.builtin\.(include|import)_tasks\b")
+
+
+def test_playbooks_hold_entry_plays_only() -> None:
+    """What a step does lives in a role, behind an argument spec: no playbook runs a loose tasks file."""
+    assert not (ROOT / "playbooks" / "tasks").exists()
+    loose = [p.name for p in ROOT.glob("playbooks/*.yml") if LOOSE_TASKS.search(p.read_text())]
+    assert not loose, loose
+
+
+def test_swap_steps_are_role_entry_points() -> None:
+    """swap.yml's plays (after finding the VMs) and what the swap role hands the gateway role are
+    entry points, each with its tasks file and argument spec."""
+    steps = []
+    for play in yaml.safe_load((ROOT / "playbooks" / "swap.yml").read_text())[1:]:
+        steps += [(role["role"], "main") for role in play.get("roles", [])]
+        for task in play.get("tasks", []):
+            include = task["ansible.builtin.include_role"]
+            steps.append((include["name"], include.get("tasks_from", "main")))
+    assert steps == [("swap", "build"), ("gateway", "reload"), ("swap", "main"), ("gateway", "config")]
+    for role, entry in [*steps, ("gateway", "drain"), ("gateway", "ready"), ("swap", "resolve")]:
+        spec = yaml.safe_load((ROOT / "roles" / role / "meta" / "argument_specs.yml").read_text())
+        assert entry in spec["argument_specs"], (role, entry)
+        assert (ROOT / "roles" / role / "tasks" / f"{entry}.yml").is_file(), (role, entry)
