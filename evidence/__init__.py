@@ -1,11 +1,13 @@
-"""Evidence: read vLLM's start-up log, benchmark a rig, compare builds for accuracy, keep the records.
+"""Evidence: read vLLM's start-up log, build and keep the records of the runs.
 
 Modules:
     logs      - facts from the unit's journal (``python -m evidence.logs``)
-    bench     - the serving benchmark client, stdlib only so it runs on any rig's python3
     report    - run.json (validated by schema/run.schema.json), REPORT.md and plots for one run
     index     - evidence/INDEX.md over every run (``python -m evidence.index``)
-    accuracy  - paired multiple-choice accuracy of two builds (``python -m evidence.accuracy``)
+    mcdata    - the accuracy role's multiple-choice data sets (``python -m evidence.mcdata``)
+
+The clients that run on a rig ship in their roles: roles/bench/files/bench.py, the serving
+benchmark, and roles/accuracy/files/accuracy.py, the multiple-choice scorer and comparison.
 """
 
 from pathlib import Path

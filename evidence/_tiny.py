@@ -2,7 +2,7 @@
 
 The rig's tiny model (repack/make_tiny_qat.py) serves everywhere else, but its tokenizer reserves a
 third of its 384 ids for Gemma's special and unused tokens, and at temperature 0 its random weights
-emit those (measured: `<unused348>` x16, streamed as empty text). evidence/bench.py times the first
+emit those (measured: `<unused348>` x16, streamed as empty text). the bench client (roles/bench/files/bench.py) times the first
 token by the first non-empty text, so on that model every cell reads "no tokens streamed".
 tests/controller/test_bench.py therefore benchmarks this model, whose BPE vocabulary has 4 special tokens.
 """

@@ -1,4 +1,5 @@
-"""Write evidence/data/mc-small.jsonl and tiny-facts-mc.jsonl: multiple-choice sets the project owns.
+"""Write the accuracy role's data sets, mc-small.jsonl and tiny-facts-mc.jsonl: multiple-choice sets the
+project owns (roles/accuracy/files/data, which the role copies to the rig beside its scorer).
 
 Simple arithmetic, capitals, opposites and ordering questions, four choices each, the label's
 position shuffled with a fixed seed. It exists to exercise the paired comparison end to end (the
@@ -17,9 +18,11 @@ from pathlib import Path
 
 from evidence import EVIDENCE_DIR
 
-DEFAULT_OUT = EVIDENCE_DIR / "data" / "mc-small.jsonl"
+DATA_DIR = EVIDENCE_DIR.parent / "roles" / "accuracy" / "files" / "data"
+
+DEFAULT_OUT = DATA_DIR / "mc-small.jsonl"
 # The tiny model's facts (repack/tiny_facts.py) as lettered multiple choice in its chat template.
-TINY_FACTS_OUT = EVIDENCE_DIR / "data" / "tiny-facts-mc.jsonl"
+TINY_FACTS_OUT = DATA_DIR / "tiny-facts-mc.jsonl"
 
 CAPITALS = [
     ("France", "Paris"), ("Italy", "Rome"), ("Germany", "Berlin"), ("Spain", "Madrid"), ("Japan", "Tokyo"),
@@ -96,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     """CLI: write the JSONL files (or one, with --out and --set)."""
     ap = argparse.ArgumentParser(prog="python -m evidence.mcdata", description=__doc__)
     ap.add_argument("--set", choices=["mc-small", "tiny-facts"], help="write only this set (default: both)")
-    ap.add_argument("--out", type=Path, help="where to write --set (default: evidence/data/<set>-mc.jsonl)")
+    ap.add_argument("--out", type=Path, help="where to write --set (default: its file in the accuracy role)")
     args = ap.parse_args(argv)
     if args.out and not args.set:
         ap.error("--out needs --set")

@@ -15,7 +15,7 @@ from typing import Any
 
 import jsonschema
 
-from evidence import SCHEMA_PATH
+from evidence import RUNS_DIR, SCHEMA_PATH
 from evidence.logs import parse_log
 
 PLOTS = ("throughput.png", "ttft.png")
@@ -94,7 +94,7 @@ def build_run(meta: dict[str, Any], bench: dict[str, Any] | None, journal: str |
 
 
 def merge_bench(parts: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """One bench record from several runs of evidence.bench (playbooks/bench.yml runs one per cell).
+    """One bench record from several runs of the bench client (playbooks/bench.yml runs one per cell).
 
     Cells keep their order; the decode check comes from whichever part ran it.
     """
@@ -305,9 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="merge bench JSON + journal + meta into a run directory")
     b.add_argument("--meta", type=Path, required=True, help="JSON: run_id, date, hardware, software, model")
-    b.add_argument("--bench", type=Path, nargs="*", default=[], help="outputs of evidence.bench (merged)")
+    b.add_argument("--bench", type=Path, nargs="*", default=[], help="outputs of the bench client (merged)")
     b.add_argument("--journal", type=Path, help="journalctl -u vllm text")
-    b.add_argument("--out", type=Path, required=True, help="run directory to write (e.g. evidence/runs/<id>)")
+    b.add_argument("--out", type=Path, help="run directory to write (default: evidence/runs/<run_id>)")
     r = sub.add_parser("render", help="re-render REPORT.md and plots from DIR/run.json")
     r.add_argument("dir", type=Path)
     args = ap.parse_args(argv)
@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
                 journal = args.journal.read_text(errors="replace")
             bench = merge_bench([_load_json(p, "bench") for p in args.bench])
             run = build_run(meta, bench, journal)
-            out = write_run(run, args.out)
+            out = write_run(run, args.out or RUNS_DIR / meta["run_id"])
         else:
             out = write_run(_load_json(args.dir / "run.json", "run.json"), args.dir)
     except RunInvalid as exc:

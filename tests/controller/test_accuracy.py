@@ -54,7 +54,7 @@ def scored(urls, data: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[
 def _cli(*args: str) -> tuple[dict, str]:
     out = Path(args[args.index("--out") + 1])
     proc = subprocess.run(
-        [sys.executable, "-m", "evidence.accuracy", *args],
+        [sys.executable, str(ROOT / "roles" / "accuracy" / "files" / "accuracy.py"), *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

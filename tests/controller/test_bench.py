@@ -2,7 +2,7 @@
 
 The local rig runs the same vLLM build in a container (tests/e2e/test_50_bench.py); this proves
 the runner, the fetch and the report pipeline without one: a controller "rig" reached with
-ansible_connection=local whose interpreter is the system python3 (so evidence/bench.py must need
+ansible_connection=local whose interpreter is the system python3 (so roles/bench/files/bench.py must need
 nothing beyond the standard library), a tpu.env, and vLLM's log read from a file instead of a
 journal.
 """

@@ -238,7 +238,9 @@ def test_playbooks_work_with_the_key_and_never_show_it(
     assert rec["bench"]["cells"][0]["status"] == "ok" and rec["bench"]["decode"]["status"] == "ok"
 
     data = tmp_path / "mc-5.jsonl"
-    data.write_text("".join((ROOT / "evidence/data/mc-small.jsonl").read_text().splitlines(True)[:5]))
+    data.write_text(
+        "".join((ROOT / "roles/accuracy/files/data/mc-small.jsonl").read_text().splitlines(True)[:5])
+    )
     acc_vars = {"accuracy_data": str(data), "accuracy_fetch_root": str(tmp_path / "acc")}
     accuracy, sampler = watched("playbooks/accuracy.yml", *evars, extra_vars=acc_vars, timeout=1800)
     assert accuracy.rc == 0, accuracy.output[-6000:]

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
-from evidence import accuracy
 from evidence.mcdata import DATA_FILES, DEFAULT_OUT, TINY_FACTS_OUT, generate
 from repack import tiny_facts
+from tests.conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "roles" / "accuracy" / "files"))
+import accuracy  # the role's scorer, copied to the rig as a plain file
 
 FIX = Path(__file__).parent / "evidence_fixtures"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -10,7 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from evidence import accuracy, bench
+from tests.conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "roles" / "bench" / "files"))
+sys.path.insert(0, str(ROOT / "roles" / "accuracy" / "files"))
+import accuracy  # the roles' clients, copied to the rig as plain files
+import bench
 
 KEY = 'sk-"quoted"\\and-long-0123'
 

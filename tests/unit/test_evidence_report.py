@@ -124,6 +124,18 @@ def test_report_cli_build_and_errors(repo_root: Path, tmp_path: Path) -> None:
     assert bad.returncode != 0 and "lacks 'date'" in bad.stderr
 
 
+def test_report_cli_writes_evidence_runs_without_out(monkeypatch, tmp_path: Path, capsys) -> None:
+    """bench.yml's default (bench_runs_dir empty): the run lands in evidence/runs/<run_id>."""
+    from evidence import report
+
+    monkeypatch.setattr(report, "RUNS_DIR", tmp_path / "runs")
+    meta = tmp_path / "meta.json"
+    meta.write_text(json.dumps(META))
+    assert report.main(["build", "--meta", str(meta), "--bench", str(FIX / "cpu_tiny_bench.json")]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "runs" / "cpu-tiny")
+    validate(json.loads((tmp_path / "runs" / "cpu-tiny" / "run.json").read_text()))
+
+
 def test_imported_runs_are_committed_as_generated() -> None:
     for run in t4_runs() + tpu_runs():
         validate(run)

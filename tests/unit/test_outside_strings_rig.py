@@ -227,7 +227,7 @@ def test_a_failed_accuracy_run_leaves_no_gateway_key_on_the_rig(tmp_path: Path) 
     assert run.rc != 0
     assert "Score every record on this rig's endpoint" in run.output and "fatal: [r]" in run.output
     assert "Give the scorer the gateway's key" in run.output
-    assert "TASK [Remove the working directory on the rig]" in run.output
+    assert "TASK [accuracy : Remove the working directory on the rig]" in run.output
     assert list(work.iterdir()) == [], list(work.rglob("*"))
     assert secret not in run.output
 

@@ -7,8 +7,8 @@ time to first token (TTFT), time per output token (TPOT), per cell of input leng
 ``/v1/completions``, so each request carries exactly I input tokens with no tokenizer here.
 
 Why not ``vllm bench serve`` itself: the CPU build's ``vllm`` command needs package metadata it
-does not ship, and this file has to run with any rig's ``python3`` (it is copied there by
-playbooks/bench.yml). One client on both platforms keeps the numbers comparable; every record
+does not ship, and this file has to run with any rig's ``python3`` (the bench role copies it
+there). One client on both platforms keeps the numbers comparable; every record
 names the method.
 
 A cell that cannot run is recorded, not dropped: ``infeasible`` when it asks for more sequences
@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-METHOD = "evidence.bench (own streaming client, /v1/completions with random token-id prompts)"
+METHOD = "bench.yml client (own streaming client, /v1/completions with random token-id prompts)"
 
 
 class BenchError(RuntimeError):
@@ -329,7 +329,7 @@ def vocab_from_model_dir(model_dir: Path) -> int | None:
 def main(argv: list[str] | None = None) -> int:
     """CLI: run a sweep and/or the decode check and write one JSON."""
     ap = argparse.ArgumentParser(
-        prog="python -m evidence.bench",
+        prog="bench.py",
         description="Benchmark an OpenAI-compatible vLLM server the way the reference rigs were "
         "measured: input x concurrency sweep (num_prompts = max(8, 4c), ignore-eos, temperature 0, "
         "median of repeats and its spread) plus single-stream decode. Writes JSON; progress on stderr.",

@@ -7,8 +7,8 @@ label's choice scores strictly highest. Two builds are compared record for recor
 in accuracy (B - A, percentage points) with a seeded 95% paired bootstrap interval, written like
 ``+0.3 (-0.7 to +1.3)``.
 
-Scoring uses the standard library only, so playbooks/accuracy.yml can run it on a rig's python3
-(``--score URL --out FILE``) and compare the fetched scores on the controller.
+Scoring uses the standard library only, so the accuracy role runs it on a rig's python3
+(``--score URL --out FILE``) and compares the fetched scores on the controller.
 """
 
 from __future__ import annotations
@@ -234,7 +234,7 @@ def _scores(arg: str, records: list[dict[str, Any]], model: str | None, name: st
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point."""
     ap = argparse.ArgumentParser(
-        prog="python -m evidence.accuracy",
+        prog="accuracy.py",
         description="Paired multiple-choice accuracy of two builds (B - A, 95%% bootstrap interval). "
         "--a/--b take a server URL or a scores file written by --score.",
     )
