@@ -20,6 +20,7 @@ import argparse
 import functools
 import hmac
 import ipaddress
+import json
 import logging
 import os
 import re
@@ -54,6 +55,7 @@ SERVER_NAME = "gemma-rig"
 DEFAULT_INVENTORY = "inventory/local.yml"
 TOKEN_ENV = "RIG_MCP_TOKEN"
 MAX_LOG_LINES = 10000
+RIGCTL_SCHEMA = 1  # the rigctl JSON this server reads (docs/mcp.md)
 # bench(quick=True): one cell and no decode check, about a minute on the local rig.
 QUICK_GRID: dict[str, Any] = {
     "bench_input_lens": [128],
@@ -206,39 +208,49 @@ class RigServer:
             )
         return out
 
+    async def rigctl(
+        self, ctx: Context | None, playbook: str, task: str, rig: str, extravars: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """The JSON object rigctl printed (docs/mcp.md, its schema) in ``task`` of ``playbook``."""
+        run = await self.play(ctx, playbook, self.check_rig(rig), extravars)
+        try:
+            doc = json.loads((run.result(task, rig) or {}).get("stdout") or "")
+        except ValueError:
+            doc = None
+        if not isinstance(doc, dict) or doc.get("rigctl") != RIGCTL_SCHEMA:
+            raise ToolError(f"{playbook} got no rigctl report (schema {RIGCTL_SCHEMA}) from {rig}")
+        return doc
+
     async def status(self, rig: str, ctx: Context | None = None) -> dict[str, Any]:
-        run = await self.play(ctx, "playbooks/status.yml", self.check_rig(rig))
-        shown = run.result("Show the status", rig) or {}
-        lines: list[str] = []
-        for item in shown.get("msg", []):
-            lines.extend(item if isinstance(item, list) else [item])
-        fields = dict(line.split(": ", 1) for line in lines if ": " in line)
-        service = fields.get("service", "").split(" ")[0]
-        model, alias = served_names(fields.get("model") or "")
+        doc = await self.rigctl(ctx, "playbooks/status.yml", "Ask rigctl for the status", rig)
+        service = doc.get("service") or {}
+        aliases = doc.get("aliases") or []
         return self.redact(
             {
                 "rig": rig,
-                "service": service,
-                "serving": service.startswith("active/") and fields.get("health") == "ok",
-                "health": fields.get("health"),
-                "model": model or None,
-                "alias": alias,
-                "lines": lines,
+                "service": f"{service.get('active')}/{service.get('sub')}",
+                "serving": doc.get("serving") is True,
+                "health": "ok" if doc.get("health") == 200 else f"down ({doc.get('health')})",
+                "model": doc.get("build"),
+                "alias": aliases[0] if aliases else "",
+                "lines": doc.get("lines") or [],
             }
         )
 
     async def verify_clamp(self, rig: str, ctx: Context | None = None) -> dict[str, Any]:
-        run = await self.play(ctx, "playbooks/status.yml", self.check_rig(rig))
-        res = run.result("Check the Turing clamp", rig) or {}
-        words = f"{res.get('stdout', '')} {res.get('stderr', '')}".strip()
-        return {"rig": rig, "clamp": clamp_state(res.get("rc"), words), "detail": self.redact(words)}
+        doc = await self.rigctl(ctx, "playbooks/status.yml", "Ask rigctl for the status", rig)
+        clamp = next((c for c in doc.get("checks") or [] if c.get("name") == "clamp"), None)
+        if clamp is None:
+            return {"rig": rig, "clamp": "not used on this platform", "detail": ""}
+        words = str(clamp.get("words") or "")
+        state = clamp_state(0 if clamp.get("ok") is True else 1, words)
+        return {"rig": rig, "clamp": state, "detail": self.redact(words)}
 
     async def logs(self, rig: str, lines: int, ctx: Context | None = None) -> dict[str, Any]:
         if not 0 <= lines <= MAX_LOG_LINES:
             raise ToolError(f"lines must be between 0 and {MAX_LOG_LINES}, got {lines}")
-        run = await self.play(ctx, "playbooks/logs.yml", self.check_rig(rig), {"lines": lines})
-        res = run.result("Read the journal", rig) or {}
-        got = (res.get("stdout") or "").splitlines()
+        doc = await self.rigctl(ctx, "playbooks/logs.yml", "Read the journal", rig, {"lines": lines})
+        got = [str(line) for line in doc.get("lines") or []]
         return {"rig": rig, "lines": self.redact(got[-lines:] if lines else [])}
 
     async def query(
@@ -356,13 +368,6 @@ class RigServer:
         }
 
 
-def served_names(text: str) -> tuple[str, str]:
-    """status.yml's model line, "BUILD (also answers to ALIAS)" and any note after it, as (BUILD,
-    ALIAS); a line without an alias is all build (or what status says instead of one)."""
-    model, found, rest = text.partition(" (also answers to ")
-    return model, rest.split(")", 1)[0] if found else ""
-
-
 def clamp_state(rc: int | None, words: str) -> str:
     """The clamp check's outcome as one word: present once, absent, doubled, or unknown."""
     if rc == 0:
@@ -387,7 +392,7 @@ def summary_table(report: str) -> str:
 TOOLS: dict[str, str] = {
     "list_rigs": "The rigs in the inventory: name, platform, host, port, the model the inventory names.",
     "list_models": "The model catalog: key, description, build kind and target, size in bytes.",
-    "status": "One rig's status, worded as playbooks/status.yml: service, health, model, KV cache, clamp, memory.",
+    "status": "One rig's status, as rigctl works it out: service, health, model, KV cache, clamp, memory.",
     "start": "Start vLLM on a rig and wait until the model answers (playbooks/start.yml).",
     "stop": "Stop vLLM on a rig (playbooks/stop.yml).",
     "restart": "Restart vLLM on a rig and wait until the model answers (playbooks/restart.yml).",
@@ -395,7 +400,7 @@ TOOLS: dict[str, str] = {
     "swap": "Change the served model on the given rigs, one at a time, rolled back on failure (swap.yml).",
     "logs": "The last lines of vLLM's journal on a rig.",
     "check_capacity": "Whether a catalog build fits a rig: disk, memory, accelerator memory; names the binding term.",
-    "verify_clamp": "The Turing clamp on a rig: present once, absent or doubled.",
+    "verify_clamp": "The Turing clamp on a rig: present once, absent, doubled, or not used on this platform.",
     "bench": "Benchmark a rig (quick: one cell) and record the run; returns the summary table and the run's path.",
 }
 

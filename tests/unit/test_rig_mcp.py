@@ -3,6 +3,8 @@ secret redaction, the capacity terms, and the generated tool list in docs/mcp.md
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import socket
 import subprocess
@@ -19,9 +21,9 @@ from mcp import Client
 
 from rig_mcp import capacity, docs
 from rig_mcp.locks import Busy, RigLocks
-from rig_mcp.playbooks import Failure, PlaybookRunner, PlayRun, failure_message
+from rig_mcp.playbooks import ROOT, Failure, PlaybookRunner, PlayRun, failure_message
 from rig_mcp.redact import MASK, Redactor
-from rig_mcp.server import MUTATING, TOOLS, Config, build, clamp_state, served_names, summary_table
+from rig_mcp.server import MUTATING, RIGCTL_SCHEMA, TOOLS, Config, build, clamp_state, summary_table
 
 INVENTORY = {
     "_meta": {
@@ -420,11 +422,56 @@ def test_start_is_refused_when_memory_cannot_hold_the_served_build(tmp_path, ver
     assert [c[0] for c in room.calls] == ["playbooks/capacity.yml", f"playbooks/{verb}.yml"]
 
 
-def test_status_gives_the_build_and_its_alias_apart() -> None:
-    assert served_names("tiny-emb4 (also answers to tiny-gemma-4)") == ("tiny-emb4", "tiny-gemma-4")
-    swapped = (
-        "tiny-w8a8 (also answers to tiny-gemma-4) (the inventory says tiny-emb4: swapped since site.yml)"
+def rigctl_run(playbook: str, task: str, report: dict | str) -> PlayRun:
+    """A playbook run whose ``task`` registered rigctl's --json output."""
+    stdout = report if isinstance(report, str) else json.dumps(report)
+    res = {"task": task, "host": "rig-local", "res": {"rc": 0, "stdout": stdout}, "failed": False}
+    return PlayRun(playbook, "successful", 0, results=[res])
+
+
+HOSTILE = "{{ lookup('pipe', 'id') }} $(id) Authorization: Bearer s3cr3t-token"
+
+
+def test_status_verify_clamp_and_logs_read_rigctls_json(tmp_path) -> None:
+    """The tools read rigctl's report (its schema: docs/mcp.md), not its words; what the rig holds
+    arrives as data, secrets redacted."""
+    report = {
+        "rigctl": RIGCTL_SCHEMA, "command": "status", "ok": True, "serving": True,
+        "service": {"active": "active", "sub": "running"}, "health": 200, "build": HOSTILE,
+        "aliases": ["tiny-gemma-4"], "lines": [f"model: {HOSTILE}"],
+        "checks": [{"name": "clamp", "ok": False, "words": "clamp-check: turing clamp present 2 times in f"}],
+    }  # fmt: skip
+    status = rigctl_run("playbooks/status.yml", "Ask rigctl for the status", report)
+    logs = rigctl_run("playbooks/logs.yml", "Read the journal", {"rigctl": 1, "lines": ["a", HOSTILE]})
+    runner = FakeRunner({"playbooks/status.yml": status, "playbooks/logs.yml": logs})
+    cfg = Config(lock_dir=tmp_path, read_only=True)
+    got = call(cfg, runner, "status", {"rig": "rig-local"}).structured_content
+    shown = HOSTILE.replace("s3cr3t-token", MASK)
+    assert got == {"rig": "rig-local", "service": "active/running", "serving": True, "health": "ok",
+                   "model": shown, "alias": "tiny-gemma-4", "lines": [f"model: {shown}"]}  # fmt: skip
+    clamp = call(cfg, runner, "verify_clamp", {"rig": "rig-local"}).structured_content
+    assert clamp == {"rig": "rig-local", "clamp": "doubled", "detail": report["checks"][0]["words"]}
+    assert call(cfg, runner, "logs", {"rig": "rig-local", "lines": 1}).structured_content["lines"] == [shown]
+    tpu = rigctl_run("playbooks/status.yml", "Ask rigctl for the status", {**report, "checks": []})
+    clamp = call(cfg, FakeRunner({"playbooks/status.yml": tpu}), "verify_clamp", {"rig": "rig-local"})
+    assert clamp.structured_content["clamp"] == "not used on this platform"
+
+
+@pytest.mark.parametrize("stdout", ["", "not json", "[1]", json.dumps({"rigctl": RIGCTL_SCHEMA + 1})])
+def test_a_report_that_is_not_rigctls_is_a_tool_error(tmp_path, stdout: str) -> None:
+    run = rigctl_run("playbooks/status.yml", "Ask rigctl for the status", stdout)
+    got = call(
+        Config(lock_dir=tmp_path), FakeRunner({"playbooks/status.yml": run}), "status", {"rig": "rig-local"}
     )
-    assert served_names(swapped) == ("tiny-w8a8", "tiny-gemma-4")
-    assert served_names("mine") == ("mine", "")
-    assert served_names("none answering") == ("none answering", "")
+    assert got.is_error
+    assert (
+        got.content[0].text
+        == f"playbooks/status.yml got no rigctl report (schema {RIGCTL_SCHEMA}) from rig-local"
+    )
+
+
+def test_the_server_reads_the_schema_rigctl_writes() -> None:
+    spec = importlib.util.spec_from_file_location("rigctl", ROOT / "roles/vllm_service/files/rigctl.py")
+    rigctl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rigctl)
+    assert rigctl.SCHEMA == RIGCTL_SCHEMA

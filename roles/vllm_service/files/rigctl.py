@@ -1,16 +1,16 @@
 #!/usr/bin/python3 -I
-"""rigctl: the rig's own command, a thin front over systemctl, journalctl and the local endpoint.
+"""rigctl: the rig's own command and the one place that works its state out: status, start, stop,
+restart, logs, query and the start-time code checks. The ops playbooks run it (`--json`) and word
+what it reports; docs/mcp.md gives the JSON schema.
 
-Installed on every rig by the vllm_service role (/usr/local/bin/rigctl). Standard library only.
-Where things are comes from the unit itself (`systemctl show`): tpu.env from EnvironmentFiles=,
-the clamp check and the swap journal from its ExecStartPre lines, so rigctl follows whatever the
-role installed. The port and the API key come from tpu.env (RIG_PORT, VLLM_API_KEY); the key is
-sent as a bearer token and never printed.
+Installed on every rig by the vllm_service role (/usr/local/bin/rigctl), which writes SETTINGS
+below from the inventory's names. Standard library only. The port and the API key come from tpu.env
+(RIG_PORT, VLLM_API_KEY); the key is sent as a bearer token and never printed.
 
 Exit codes (every subcommand):
-  0  done / serving / clamp present once
-  1  the action failed (a start that did not come up, a query that failed, the clamp missing or
-     doubled, journalctl failed)
+  0  done / serving / every code check passed
+  1  the action failed (a start that did not come up, a query that failed, a code check failed,
+     journalctl failed)
   2  usage error (bad arguments)
   3  status only: the service is not serving (stopped, failed or not healthy)
   4  tpu.env or the unit cannot be read (not installed, or run without root)
@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 import time
@@ -31,11 +30,16 @@ import urllib.request
 from collections.abc import Sequence
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_SERVING, EXIT_NO_CONFIG = 0, 1, 2, 3, 4
-DEFAULT_UNIT = "vllm"
-# The rig contract's paths (docs/rig-contract.md), used only when the unit does not name them.
-DEFAULT_ENV_FILE = "/etc/gemma-rig/tpu.env"
-DEFAULT_SWAP_STATE_DIR = "/var/lib/gemma-rig"
+SCHEMA = 1  # the "rigctl" field of every --json object; raised when a field changes meaning
+# The rig's names (inventory/group_vars/all/rig.yml), written here by the vllm_service role as it
+# installs rigctl: unit, env_file, helper_dir (the code checks), python (vLLM's), swap_state_dir.
+SETTINGS: dict[str, str] = {}
 START_LIMIT_REMEDY = "fix the cause, then playbooks/start.yml"
+# The start-time checks of the code the rig patches, each run where the role installed it in the
+# helper folder: the Turing clamp (T4 and local), the tpu-inference patch (TPU).
+CODE_CHECKS = (("clamp", "clamp-check"), ("tpu-inference patch", "tpu_inference_patch.py"))
+# A chat this short proves the sampler runs (the CPU build compiles it on first use).
+READY_CHAT = {"messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 8}
 
 
 class RigctlError(Exception):
@@ -44,6 +48,12 @@ class RigctlError(Exception):
     def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
         super().__init__(message)
         self.code = code
+
+
+def setting(name: str) -> str:
+    if not SETTINGS.get(name):
+        raise RigctlError(f"rigctl has no {name} setting: install it with site.yml", EXIT_NO_CONFIG)
+    return SETTINGS[name]
 
 
 def run(cmd: Sequence[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -61,32 +71,10 @@ def unit_props(unit: str) -> dict[str, str]:
         raise RigctlError(
             f"systemctl show {unit} failed: {(res.stderr or res.stdout).strip()}", EXIT_NO_CONFIG
         )
-    props = parse_show(res.stdout)
+    props = dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
     if props.get("LoadState") == "not-found":
         raise RigctlError(f"{unit}.service is not installed on this host", EXIT_NO_CONFIG)
     return props
-
-
-def parse_show(text: str) -> dict[str, str]:
-    """`systemctl show` output as a dict; a property listed on several lines (one ExecStartPre=
-    per command) keeps every line, joined by newlines."""
-    props: dict[str, str] = {}
-    for line in text.splitlines():
-        if "=" in line:
-            key, value = line.split("=", 1)
-            props[key] = f"{props[key]}\n{value}" if key in props else value
-    return props
-
-
-def exec_argvs(prop: str) -> list[list[str]]:
-    """The argv of each command in an Exec* property ('{ path=... ; argv[]=A B C ; ... }')."""
-    return [shlex.split(m) for m in re.findall(r"argv\[\]=(.*?) ;", prop)]
-
-
-def env_file_path(props: dict[str, str]) -> str:
-    """tpu.env as the unit reads it (EnvironmentFiles=PATH (ignore_errors=no))."""
-    found = props.get("EnvironmentFiles", "").split()
-    return found[0] if found else DEFAULT_ENV_FILE
 
 
 def read_env(path: str) -> dict[str, str]:
@@ -118,7 +106,7 @@ class Rig:
     def __init__(self, unit: str) -> None:
         self.unit = unit
         self.props = unit_props(unit)
-        self.env_file = env_file_path(self.props)
+        self.env_file = setting("env_file")
         self.env = read_env(self.env_file)
         if "RIG_PORT" not in self.env:
             raise RigctlError(f"{self.env_file} has no RIG_PORT", EXIT_NO_CONFIG)
@@ -128,19 +116,17 @@ class Rig:
         """Read the unit's properties again (after a start or stop)."""
         self.props = unit_props(self.unit)
 
-    def _headers(self) -> dict[str, str]:
+    def http(self, path: str, body: dict | None = None, timeout: float = 5) -> tuple[int, object]:
+        """(status, decoded JSON or None); status -1 when nothing answers."""
         key = self.env.get("VLLM_API_KEY", "")
-        return {"Authorization": f"Bearer {key}"} if key else {}
-
-    def http(self, path: str, body: dict | None = None, timeout: float = 5) -> tuple[int, dict | None]:
-        """(status, decoded JSON or None); status -1 when nothing answers (as status.yml shows it)."""
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
         data = json.dumps(body).encode() if body is not None else None
-        headers = {**self._headers(), **({"Content-Type": "application/json"} if data else {})}
+        if data:
+            headers["Content-Type"] = "application/json"
         request = urllib.request.Request(self.url + path, data=data, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
-                raw = response.read()
-                status = response.status
+                raw, status = response.read(), response.status
         except urllib.error.HTTPError as exc:
             return exc.code, None
         except (urllib.error.URLError, OSError):
@@ -151,68 +137,58 @@ class Rig:
             return status, None
 
     def served(self) -> tuple[int, list[str]]:
-        """(status of /v1/models, the model ids it lists)."""
+        """(status of /v1/models, the model ids it lists: the build first, then its alias)."""
         status, doc = self.http("/v1/models")
-        return status, [m.get("id", "") for m in (doc or {}).get("data", [])]
-
-    def exec_pre(self, needle: str) -> list[str] | None:
-        """The ExecStartPre argv whose words include ``needle``."""
-        for argv in exec_argvs(self.props.get("ExecStartPre", "")):
-            if any(needle in word for word in argv):
-                return argv
-        return None
-
-    def swap_state_dir(self) -> str:
-        argv = self.exec_pre("swap-journal") or []
-        return argv[argv.index("--state-dir") + 1] if "--state-dir" in argv[:-1] else DEFAULT_SWAP_STATE_DIR
-
-    # The start-time checks of the code the rig patches, by the platform's unit: the Turing clamp
-    # (T4 and local), the tpu-inference patch (TPU). Each is (name in the report, argv needle).
-    CODE_CHECKS = (("clamp", "clamp-check"), ("tpu-inference patch", "tpu_inference_patch"))
-
-    def code_checks(self) -> list[tuple[str, bool, str]]:
-        """(name, ok, the check's own words) for each code check the unit runs before vLLM starts,
-        running the unit's own ExecStartPre command."""
-        found = []
-        for name, needle in self.CODE_CHECKS:
-            argv = self.exec_pre(needle)
-            if argv is not None:
-                res = run(argv)
-                found.append((name, res.returncode == 0, (res.stdout + res.stderr).strip()))
-        return found
+        data = doc.get("data") if isinstance(doc, dict) else None
+        return status, [str(m.get("id", "")) for m in data or [] if isinstance(m, dict)]
 
 
-def code_check_lines(rig: Rig) -> tuple[list[str], bool]:
-    """One line per code check the unit runs before vLLM (status and `rigctl clamp` word them
-    alike), and whether all passed; a unit with none fails: nothing stops an unpatched start."""
-    checks = rig.code_checks()
+def code_checks() -> list[dict]:
+    """Each code check installed in the helper folder, run against vLLM's python: name, ok, its
+    own words. None installed fails: nothing would stop an unpatched start."""
+    folder, python = setting("helper_dir"), setting("python")
+    found = []
+    for name, file in CODE_CHECKS:
+        path = os.path.join(folder, file)
+        if os.path.isfile(path):
+            res = run([python, "-I", path, "check", "--python", python])
+            found.append(
+                {"name": name, "ok": res.returncode == 0, "words": (res.stdout + res.stderr).strip()}
+            )
+    return found
+
+
+def check_lines(checks: list[dict]) -> list[str]:
+    """The code checks in words, one line each (status and clamp alike)."""
     if not checks:
-        return [
-            f"clamp: MISSING: {rig.unit}.service runs no clamp or tpu-inference patch check before vLLM"
-        ], False
-    names = [name for name, _, _ in checks]
-    lines = [] if "clamp" in names else ["clamp: not used on this platform"]  # status.yml's words
-    for name, ok, words in checks:
-        if name == "clamp":
-            lines.append(f"clamp: {'present once' if ok else 'MISSING OR DUPLICATED: ' + words}")
+        return [f"clamp: MISSING: no clamp or tpu-inference patch check in {setting('helper_dir')}"]
+    names = [c["name"] for c in checks]
+    lines = [] if "clamp" in names else ["clamp: not used on this platform"]
+    for c in checks:
+        if c["name"] == "clamp":
+            lines.append(f"clamp: {'present once' if c['ok'] else 'MISSING OR DUPLICATED: ' + c['words']}")
         else:
-            lines.append(f"{name}: {'present' if ok else 'MISSING: ' + words}")
-    return lines, all(ok for _, ok, _ in checks)
+            lines.append(f"{c['name']}: {'present' if c['ok'] else 'MISSING: ' + c['words']}")
+    return lines
 
 
-def journal(unit: str, *args: str) -> str:
+def journal(*args: str) -> str:
     res = run(["journalctl", "--no-pager", *args])
     return res.stdout if res.returncode == 0 else ""
 
 
-def status_lines(rig: Rig) -> tuple[list[str], bool]:
-    """The status screen, worded as playbooks/status.yml words it, and whether the rig serves."""
+def status(rig: Rig, expect_model: str = "") -> dict:
+    """The rig's state (the --json object's fields) and the same in words ("lines")."""
     p = rig.props
     active, sub = p.get("ActiveState", "?"), p.get("SubState", "?")
-    lines = [f"service: {active}/{sub} since {p.get('ActiveEnterTimestamp') or '-'}"]
+    since = p.get("ActiveEnterTimestamp") or None
+    restarts = int(p.get("NRestarts") or 0)
+    gave_up, reason = False, None
+    lines = [f"service: {active}/{sub} since {since or '-'}"]
     if active == "failed":
-        failed_log = journal(rig.unit, "-u", rig.unit, "-n", "60", "-o", "short-iso")
+        failed_log = journal("-u", rig.unit, "-n", "60", "-o", "short-iso")
         gave_up = p.get("Result") == "start-limit-hit" or "Start request repeated too quickly" in failed_log
+        # The last line not from systemd itself: what the failing command said.
         own = [line for line in failed_log.splitlines() if not re.search(r" systemd\[1\]: ", line)]
         reason = re.sub(r"^\S+ \S+ [^:]+: ", "", own[-1]) if own else "no log line"
         head = (
@@ -222,34 +198,57 @@ def status_lines(rig: Rig) -> tuple[list[str], bool]:
         )
         lines.append(f"{head}: {reason}")
     else:
-        lines.append(f"restarts: {p.get('NRestarts') or '0'}")
+        lines.append(f"restarts: {restarts}")
     try:
-        with open(os.path.join(rig.swap_state_dir(), "swap.json"), encoding="utf-8") as fh:
-            j = json.load(fh)
-        lines.append(f"last swap: {j.get('from')} -> {j.get('to')}, {j.get('phase')}")
+        with open(os.path.join(setting("swap_state_dir"), "swap.json"), encoding="utf-8") as fh:
+            swap = json.load(fh)
     except (OSError, ValueError):
+        swap = None
+    if isinstance(swap, dict):
+        swap = {k: swap.get(k) for k in ("from", "to", "phase")}
+        lines.append(f"last swap: {swap['from']} -> {swap['to']}, {swap['phase']}")
+    else:
+        swap = None
         lines.append("last swap: none journalled")
     health, _ = rig.http("/health")
     lines.append(f"health: {'ok' if health == 200 else f'down ({health})'}")
     models_status, served = rig.served()
-    if served:  # the build first, then the alias it also answers to (status.yml words it the same)
+    if served:
         model = served[0] + (f" (also answers to {', '.join(served[1:])})" if len(served) > 1 else "")
+        if expect_model and expect_model not in served:
+            model += f" (the inventory says {expect_model}: swapped since site.yml)"
     elif models_status == 401:
         model = "refused our key (401): rig_api_key differs from the VLLM_API_KEY in tpu.env"
     else:
         model = "none answering"
     lines.append(f"model: {model}")
     invocation = p.get("InvocationID", "")
-    log = journal(rig.unit, "-o", "cat", f"_SYSTEMD_INVOCATION_ID={invocation}") if invocation else ""
+    log = journal("-o", "cat", f"_SYSTEMD_INVOCATION_ID={invocation}") if invocation else ""
     kv = re.findall(r"KV cache size: ([0-9,]+) tokens", log)
     lines.append(f"KV cache tokens: {kv[-1] if kv else 'not logged yet'}")
-    lines.extend(code_check_lines(rig)[0])
-    lines.extend(host_lines())
-    return lines, active == "active" and health == 200
+    checks = code_checks()
+    lines.extend(check_lines(checks))
+    host = host_lines()
+    serving = active == "active" and health == 200
+    return {
+        "ok": serving,
+        "serving": serving,
+        "service": {"active": active, "sub": sub, "since": since, "result": p.get("Result"),
+                    "restarts": restarts, "gave_up": gave_up, "reason": reason},
+        "last_swap": swap,
+        "health": health,
+        "models_status": models_status,
+        "build": served[0] if served else None,
+        "aliases": served[1:],
+        "kv_cache_tokens": int(kv[-1].replace(",", "")) if kv else None,
+        "checks": checks,
+        "host": host,
+        "lines": lines + host,
+    }  # fmt: skip
 
 
 def host_lines() -> list[str]:
-    """Accelerator (or CPU) memory, swap and uptime, as status.yml shows them."""
+    """Accelerator (or CPU) memory, swap and uptime."""
     out: list[str] = []
     smi = (
         run(["nvidia-smi", "--query-gpu=name,memory.used,memory.total", "--format=csv,noheader"])
@@ -272,23 +271,28 @@ def host_lines() -> list[str]:
 
 
 def wait_ready(rig: Rig, timeout: float, restarts_before: int) -> str:
-    """Wait for /health and /v1/models; fail at once when vLLM exits (as ready.yml does)."""
+    """Wait until /v1/models lists the name tpu.env serves (swap.yml changes it, not the
+    inventory) and a short chat answers; fail at once when vLLM exits instead."""
+    rig.env = read_env(rig.env_file)
+    name = rig.env.get("RIG_SERVED_MODEL_NAME", "")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         rig.refresh()
         restarts = int(rig.props.get("NRestarts") or 0)
         if restarts > restarts_before or rig.props.get("ActiveState") in ("failed", "inactive"):
-            tail = journal(rig.unit, "-u", rig.unit, "-n", "25", "-o", "cat").rstrip()
+            tail = journal("-u", rig.unit, "-n", "25", "-o", "cat").rstrip()
             raise RigctlError(
                 f"vLLM exited while starting (automatic restarts: {restarts}, unit: "
                 f"{rig.props.get('ActiveState')}); its last lines:\n{tail}"
             )
-        if rig.http("/health")[0] == 200:
-            status, served = rig.served()
-            if status == 200 and served:
-                return served[0]  # the build (its alias follows in the list)
+        status, served = rig.served()
+        if status == 200 and served and (not name or name in served):
+            chat, doc = rig.http("/v1/chat/completions", {"model": served[0], **READY_CHAT}, timeout=600)
+            if chat != 200 or not isinstance(doc, dict) or not doc.get("choices"):
+                raise RigctlError(f"{served[0]} is listed but a chat completion failed (status {chat})")
+            return served[0]
         time.sleep(2)
-    raise RigctlError(f"{rig.unit} did not answer /health and /v1/models within {timeout:.0f} s")
+    raise RigctlError(f"{rig.unit} did not list {name or 'a model'} on /v1/models within {timeout:.0f} s")
 
 
 def systemctl(*args: str) -> None:
@@ -297,42 +301,32 @@ def systemctl(*args: str) -> None:
         raise RigctlError(f"systemctl {' '.join(args)} failed: {(res.stderr or res.stdout).strip()}")
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    lines, serving = status_lines(Rig(args.unit))
-    print("\n".join(lines))
-    return EXIT_OK if serving else EXIT_NOT_SERVING
+def cmd_status(args: argparse.Namespace) -> dict:
+    return status(Rig(args.unit), args.expect_model)
 
 
-def _start(args: argparse.Namespace, verb: str) -> int:
+def cmd_start(args: argparse.Namespace) -> dict:
     rig = Rig(args.unit)
+    was_active = rig.props.get("ActiveState") == "active"
     # A deliberate start: a unit that gave up (start limit hit) may start again at once.
     run(["systemctl", "reset-failed", args.unit])
     before = int(rig.props.get("NRestarts") or 0)
-    systemctl(verb, args.unit)
+    systemctl(args.command, args.unit)
+    out = {"ok": True, "changed": args.command == "restart" or not was_active, "build": None, "url": rig.url}
     if args.no_wait:
-        print(f"{args.unit}: {verb} requested")
-        return EXIT_OK
-    model = wait_ready(rig, args.timeout, before)
-    print(f"{args.unit}: serving {model} on {rig.url}")
-    return EXIT_OK
+        return {**out, "lines": [f"{args.unit}: {args.command} requested"]}
+    out["build"] = wait_ready(rig, args.timeout, before)
+    return {**out, "lines": [f"{args.unit}: serving {out['build']} on {rig.url}"]}
 
 
-def cmd_start(args: argparse.Namespace) -> int:
-    return _start(args, "start")
-
-
-def cmd_restart(args: argparse.Namespace) -> int:
-    return _start(args, "restart")
-
-
-def cmd_stop(args: argparse.Namespace) -> int:
-    Rig(args.unit)  # the unit must exist
+def cmd_stop(args: argparse.Namespace) -> dict:
+    rig = Rig(args.unit)
     systemctl("stop", args.unit)
-    print(f"{args.unit}: stopped")
-    return EXIT_OK
+    changed = rig.props.get("ActiveState") not in ("inactive", "failed")
+    return {"ok": True, "changed": changed, "lines": [f"{args.unit}: stopped"]}
 
 
-def cmd_logs(args: argparse.Namespace) -> int:
+def cmd_logs(args: argparse.Namespace) -> dict:
     cmd = ["journalctl", "-u", args.unit, "--no-pager", "-o", "short-iso", "-n", str(args.lines)]
     if args.follow:
         sys.stdout.flush()
@@ -340,11 +334,10 @@ def cmd_logs(args: argparse.Namespace) -> int:
     res = run(cmd)
     if res.returncode != 0:
         raise RigctlError(f"journalctl failed: {res.stderr.strip()}")
-    sys.stdout.write(res.stdout)
-    return EXIT_OK
+    return {"ok": True, "lines": res.stdout.splitlines()}
 
 
-def cmd_query(args: argparse.Namespace) -> int:
+def cmd_query(args: argparse.Namespace) -> dict:
     rig = Rig(args.unit)
     status, served = rig.served()
     if status != 200 or not served:
@@ -355,25 +348,31 @@ def cmd_query(args: argparse.Namespace) -> int:
         "max_tokens": args.max_tokens,
     }
     status, doc = rig.http("/v1/chat/completions", body, timeout=args.timeout)
-    if status != 200 or not doc or not doc.get("choices"):
+    choices = doc.get("choices") if isinstance(doc, dict) else None
+    if status != 200 or not choices or not isinstance(choices[0], dict):
         raise RigctlError(f"the chat completion failed (status {status})")
-    message = doc["choices"][0].get("message", {})
-    content = (message.get("content") or "").strip()
-    print(f"{doc.get('model')}: {content}")
-    if not content and (message.get("reasoning_content") or message.get("reasoning")):
-        print(
-            f"(reasoning only: no answer within max_tokens={args.max_tokens}, "
-            f"finish_reason {doc['choices'][0].get('finish_reason')})"
+    message = choices[0].get("message") or {}
+    answer = str(message.get("content") or "").strip()
+    reasoning = str(message.get("reasoning_content") or message.get("reasoning") or "")
+    usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else {}
+    out = {"ok": True, "model": doc.get("model"), "answer": answer, "reasoning_only": not answer and bool(reasoning),
+           "reasoning_chars": len(reasoning), "finish_reason": choices[0].get("finish_reason"), "usage": usage}  # fmt: skip
+    lines = [f"{out['model']}: {answer}"]
+    if out["reasoning_only"]:
+        lines.append(
+            f"(reasoning only: no answer within max_tokens={args.max_tokens}, finish_reason {out['finish_reason']})"
         )
-    usage = doc.get("usage", {})
-    print(f"tokens: {usage.get('prompt_tokens')} in, {usage.get('completion_tokens')} out")
-    return EXIT_OK
+    lines.append(f"tokens: {usage.get('prompt_tokens')} in, {usage.get('completion_tokens')} out")
+    return {**out, "lines": lines}
 
 
-def cmd_clamp(args: argparse.Namespace) -> int:
-    lines, ok = code_check_lines(Rig(args.unit))
-    print("\n".join(lines))
-    return EXIT_OK if ok else EXIT_FAILED
+def cmd_clamp(args: argparse.Namespace) -> dict:
+    checks = code_checks()
+    return {
+        "ok": bool(checks) and all(c["ok"] for c in checks),
+        "checks": checks,
+        "lines": check_lines(checks),
+    }
 
 
 def non_negative(text: str) -> int:
@@ -393,27 +392,32 @@ def parser() -> argparse.ArgumentParser:
         "journalctl and the local endpoint; the port and API key come from tpu.env.",
         epilog="exit codes: 0 ok, 1 failed, 2 usage, 3 not serving (status), 4 tpu.env or unit unreadable",
     )
-    top.add_argument("--unit", default=DEFAULT_UNIT, help="the systemd unit (default: %(default)s)")
+    top.add_argument("--unit", default=SETTINGS.get("unit"), help="the systemd unit (default: %(default)s)")
     sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="one JSON object on stdout (docs/mcp.md)")
 
     def add(name: str, help_text: str, func) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text, parents=[common])
         p.set_defaults(func=func)
         return p
 
-    add(
+    p = add(
         "status",
         "health, model, KV cache tokens, clamp, memory, swap, uptime (exit 3 when not serving)",
         cmd_status,
     )
-    for name, func, what in (("start", cmd_start, "Start"), ("restart", cmd_restart, "Restart")):
-        p = add(name, f"{what} vLLM and wait until it answers /health and /v1/models", func)
+    p.add_argument(
+        "--expect-model", default="", help="the build the inventory names: say when another serves"
+    )
+    for name, what in (("start", "Start"), ("restart", "Restart")):
+        p = add(name, f"{what} vLLM and wait until it answers /v1/models and a short chat", cmd_start)
         p.add_argument("--timeout", type=float, default=900, help="seconds to wait (default: %(default)s)")
         p.add_argument("--no-wait", action="store_true", help="return once systemd has the request")
     add("stop", "Stop vLLM", cmd_stop)
     p = add("logs", "The last lines of vLLM's journal", cmd_logs)
     p.add_argument("-n", "--lines", type=non_negative, default=50, help="how many (default: %(default)s)")
-    p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines (not with --json)")
     p = add("query", "Ask the served model one question", cmd_query)
     p.add_argument("prompt", help="the user message")
     p.add_argument(
@@ -422,22 +426,34 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=600, help="seconds (default: %(default)s)")
     add(
         "clamp",
-        "Run the unit's start-time code checks: the Turing clamp present exactly once (T4, local), "
-        "the tpu-inference patch applied (TPU); exit 1 otherwise",
+        "Run the code checks installed beside the unit: the Turing clamp present exactly once (T4, "
+        "local), the tpu-inference patch applied (TPU); exit 1 otherwise",
         cmd_clamp,
     )
     return top
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    top = parser()
+    args = top.parse_args(argv)
+    if args.json and getattr(args, "follow", False):
+        top.error("--follow does not go with --json")
+    head = {"rigctl": SCHEMA, "command": args.command}
     try:
-        return args.func(args)
+        if not args.unit:
+            raise RigctlError("rigctl has no unit setting: install it with site.yml", EXIT_NO_CONFIG)
+        result = args.func(args)
     except RigctlError as exc:
         print(f"rigctl: {exc}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({**head, "ok": False, "error": str(exc), "exit": exc.code}))
         return exc.code
     except KeyboardInterrupt:
         return EXIT_FAILED
+    print(json.dumps({**head, **result}) if args.json else "\n".join(result["lines"]))
+    if result["ok"]:
+        return EXIT_OK
+    return EXIT_NOT_SERVING if args.command == "status" else EXIT_FAILED
 
 
 if __name__ == "__main__":
