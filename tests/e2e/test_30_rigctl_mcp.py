@@ -9,6 +9,7 @@ file order: each test also runs alone.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -73,6 +74,10 @@ def test_rigctl_status_clamp_logs_query_on_a_serving_rig(local_rig) -> None:
     ):
         assert line in out, (line, out)
     assert rigctl(local_rig.container, "clamp") == (0, "clamp: present once\n")
+    rc, out = rigctl(local_rig.container, "status", "--json")  # what the playbooks and the server read
+    doc = json.loads(out)
+    assert rc == 0 and doc["rigctl"] == 1 and doc["serving"] is True and doc["build"] == local_rig.model, out
+    assert [c["name"] for c in doc["checks"] if c["ok"]] == ["clamp"], out
     rc, out = rigctl(local_rig.container, "logs", "-n", "5")
     assert rc == 0 and 0 < len(out.splitlines()) <= 5, out
     rc, out = rigctl(local_rig.container, "logs", "-n", "-1")
