@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from tests.cloud_playbooks import assert_pinned, find_then_say, play
+from tests.conftest import ROOT
 from tests.fake_compute import FakeComputeServer, Faults
 
 # Each test starts ansible-playbook (module start-up imports google-cloud-compute: seconds each).
@@ -43,6 +44,9 @@ def inventory(tmp_path: Path) -> Path:
             }
         }
     }
+    # The project's shared settings (rig_port...) come with every inventory, as with the real one.
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "group_vars" / "all").symlink_to(ROOT / "inventory" / "group_vars" / "all")
     path = tmp_path / "gce.yml"
     path.write_text(yaml.safe_dump(hosts))
     return path

@@ -64,7 +64,11 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         }
     ]
     (out / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
-    evars = {"rig_data_dir": DATA_DIR, "ansible_python_interpreter": str(VENV_BIN / "python")}
+    evars = {
+        "rig_data_dir": DATA_DIR,
+        "rig_service_user": USER,
+        "ansible_python_interpreter": str(VENV_BIN / "python"),
+    }
     proc = subprocess.run(
         [str(VENV_BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local", "-e", json.dumps(evars),
          str(out / "play.yml")],
