@@ -262,24 +262,60 @@ def test_the_role_writes_the_rigs_names_into_rigctl() -> None:
     assert rigctl.SETTINGS == {} and "vllm" not in source.replace("vLLM", "").replace("vllm_service", "")
 
 
+def _play_with_fake_rigctl(tmp_path: Path, playbook: str, report: dict, code: int = 0, *args: str):
+    """Run ``playbook`` on a rig whose rigctl prints ``report`` and exits ``code``; (the run, the
+    argv rigctl got)."""
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    fake = tmp_path / "rigctl"
+    fake.write_text(
+        f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path}/argv\ncat {tmp_path}/report.json\nexit {code}\n'
+    )
+    fake.chmod(0o755)
+    inventory = tmp_path / "inventory"
+    inventory.mkdir(exist_ok=True)
+    if not (inventory / "group_vars").exists():
+        (inventory / "group_vars").symlink_to(ROOT / "inventory" / "group_vars")
+    host = {"ansible_connection": "local", "ansible_python_interpreter": str(VENV_BIN / "python"),
+            "rig_ctl": str(fake), "rig_model": "tiny"}  # fmt: skip
+    (inventory / "hosts.yml").write_text(yaml.safe_dump({"rigs": {"hosts": {"r": host}}}))
+    run = run_playbook(playbook, *args, inventory=inventory / "hosts.yml", timeout=600)
+    return run, (tmp_path / "argv").read_text().splitlines()
+
+
 def test_status_yml_shows_a_rigctl_report_as_data(tmp_path: Path) -> None:
-    """What rigctl reports is the rig's data: status.yml shows it, never renders or runs it."""
+    """What rigctl reports is the rig's data: status.yml shows it, never renders or runs it; not
+    serving (exit 3) is a status, not a failure."""
     marker = tmp_path / "MARKER"
     hostile = HOSTILE.replace("MARKER", str(marker))
     report = {"rigctl": rigctl.SCHEMA, "command": "status", "ok": False, "lines": [f"model: {hostile}"]}
-    fake = tmp_path / "rigctl"
-    (tmp_path / "report.json").write_text(json.dumps(report))
-    fake.write_text(f"#!/bin/sh\ncat {tmp_path / 'report.json'}\nexit 3\n")
-    fake.chmod(0o755)
-    (tmp_path / "inventory").mkdir()
-    (tmp_path / "inventory" / "group_vars").symlink_to(ROOT / "inventory" / "group_vars")
-    host = {"ansible_connection": "local", "ansible_python_interpreter": str(VENV_BIN / "python"),
-            "rig_ctl": str(fake), "rig_model": "tiny"}  # fmt: skip
-    (tmp_path / "inventory" / "hosts.yml").write_text(yaml.safe_dump({"rigs": {"hosts": {"r": host}}}))
-    run = run_playbook("playbooks/status.yml", inventory=tmp_path / "inventory" / "hosts.yml", timeout=600)
+    run, argv = _play_with_fake_rigctl(tmp_path, "playbooks/status.yml", report, 3)
     assert run.rc == 0, run.output[-3000:]
+    assert argv == ["status", "--json", "--expect-model", "tiny"]
     said = " ".join(run.output.split())  # the YAML callback folds long lines, doubles single quotes
     assert f"model: {{{{ lookup(''pipe'', ''touch {marker}'') }}}} $(touch {marker}) \"q\" \\ 東京" in said, (
         said
     )
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("playbook", "args", "want"),
+    [
+        ("start", (), ["start", "--json"]),
+        ("restart", (), ["restart", "--json"]),  # start.yml, imported with a restart
+        ("stop", (), ["stop", "--json"]),
+        ("logs", ("-e", "lines=7"), ["logs", "--json", "--lines", "7"]),
+    ],
+)
+def test_the_ops_playbooks_run_rigctl(tmp_path: Path, playbook: str, args: tuple, want: list[str]) -> None:
+    report = {
+        "rigctl": rigctl.SCHEMA,
+        "command": want[0],
+        "ok": True,
+        "changed": True,
+        "lines": ["svc: said"],
+    }
+    run, argv = _play_with_fake_rigctl(tmp_path, f"playbooks/{playbook}.yml", report, 0, *args)
+    assert run.rc == 0, run.output[-3000:]
+    assert argv == want
+    assert ("svc: said" in run.output) is (playbook != "stop")
