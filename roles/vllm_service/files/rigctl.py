@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -250,14 +251,8 @@ def status(rig: Rig, expect_model: str = "") -> dict:
 def host_lines() -> list[str]:
     """Accelerator (or CPU) memory, swap and uptime."""
     out: list[str] = []
-    smi = (
-        run(["nvidia-smi", "--query-gpu=name,memory.used,memory.total", "--format=csv,noheader"])
-        if any(
-            os.access(os.path.join(d, "nvidia-smi"), os.X_OK)
-            for d in os.environ.get("PATH", "/usr/bin").split(":")
-        )
-        else None
-    )
+    query = ["nvidia-smi", "--query-gpu=name,memory.used,memory.total", "--format=csv,noheader"]
+    smi = run(query) if shutil.which("nvidia-smi") else None
     free = run(["free", "-h"]).stdout.splitlines()
     row = {line.split(":")[0]: line.split()[1:] for line in free if ":" in line}
     if smi is not None and smi.returncode == 0:
