@@ -117,6 +117,33 @@ def test_every_role_has_an_argument_spec() -> None:
     assert roles == ROLES, f"roles without meta/argument_specs.yml: {sorted(set(roles) - set(ROLES))}"
 
 
+def spec_options(options: dict[str, dict], where: str) -> list[tuple[str, dict]]:
+    """Every option under ``options``, suboptions included, each with where it sits."""
+    found = []
+    for name, opt in options.items():
+        found.append((f"{where}.{name}", opt))
+        found += spec_options(opt.get("options") or {}, f"{where}.{name}")
+    return found
+
+
+def test_specs_describe_without_restating_values() -> None:
+    """A value is written once, in the role's defaults/main.yml (or group_vars): a spec's ``default:``
+    would be a second copy to keep equal. A spec says what an option is (type, choices, required,
+    description), never its value again."""
+    restated = [
+        f"roles/{role}: {where}"
+        for role in ROLES
+        for entry, body in yaml.safe_load(
+            (ROOT / "roles" / role / "meta" / "argument_specs.yml").read_text()
+        )["argument_specs"].items()
+        for where, opt in spec_options(body.get("options") or {}, entry)
+        if "default" in opt
+    ]
+    assert not restated, (
+        f"argument_specs with a default: (its value belongs in defaults/main.yml): {restated}"
+    )
+
+
 def test_good_defaults_pass_validation(tmp_path: Path) -> None:
     """The same check with the defaults passes for rig_host (the bad value above is what fails)."""
     play = [
