@@ -44,8 +44,8 @@ from tests.e2e.rig import (
     unit_started_at,
 )
 
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import bench_gateway
+sys.path.insert(0, str(ROOT / "measure"))
+import gateway_overhead
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 RIG_START = "fleet"  # rig-local and rig-b on tiny-emb4, as test_20 hands them over
@@ -319,9 +319,9 @@ def test_overhead_per_request(gateway, local_rig, figure) -> None:
                     if name == "gateway":
                         assert response.headers["x-gemma-rig"] == "rig-local"
     # Throughput at 8 concurrent requests, direct and through the gateway, rounds alternating
-    # (benchmarks/bench_gateway.py; docs/gateway.md's target: 5% loss at most). A figure, not a
+    # (measure/gateway_overhead.py; docs/gateway.md's target: 5% loss at most). A figure, not a
     # timed assertion: the run's output reports it.
-    bench = bench_gateway.measure(
+    bench = gateway_overhead.measure(
         f"http://127.0.0.1:{local_rig.port}", URL, model, key=KEY, cafile=str(CERT),
         concurrency=8, requests=32, rounds=4, max_tokens=32,
     )  # fmt: skip

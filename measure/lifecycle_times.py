@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Time the rig's lifecycle on the local platform: what a user waits for, in one run.
 
-    python benchmarks/bench_lifecycle.py [--runs N] [--cold-runs M] [--label NAME] [--record DIR]
+    python measure/lifecycle_times.py [--runs N] [--cold-runs M] [--label NAME] [--record DIR]
 
 On a rig of its own (container gemma-rig-speed, port 8020 unless told otherwise; an inventory
 written to a temporary directory beside the repository's group_vars, so it never touches the
@@ -26,7 +26,7 @@ converged / cold) are printed, with the like-for-like difference: the swaps back
 model the restarts restart; each build loads at its own pace) against the restarts. With --record
 DIR they are written to DIR/LABEL.json together with every run's figures, the commit and the
 machine's load. The rig is removed at the end unless --keep.
-This is a benchmark, not a test: it prints figures and never fails on them (only on a playbook
+This is a measurement, not a test: it prints figures and never fails on them (only on a playbook
 that fails).
 """
 
@@ -68,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Example: python benchmarks/bench_lifecycle.py --runs 3 --label after --record evidence/lifecycle",
+        epilog="Example: python measure/lifecycle_times.py --runs 3 --label after --record evidence/lifecycle",
     )
     p.add_argument("--runs", type=int, default=3, help="repeats of every step but cold (default 3)")
     p.add_argument("--cold-runs", type=int, default=1, help="cold bring-ups, each from nothing (default 1)")

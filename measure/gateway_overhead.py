@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The gateway's cost in throughput: one rig asked directly and through the gateway, side by side.
 
-    python benchmarks/bench_gateway.py --rig URL --gateway URL --model NAME [--key-file F]
+    python measure/gateway_overhead.py --rig URL --gateway URL --model NAME [--key-file F]
         [--cafile F] [--concurrency 8] [--requests 32] [--rounds 2] [--record DIR --label NAME]
 
 Both endpoints must reach the same vLLM (drain the fleet's other rigs first: `gateway-ctl drain`),
@@ -15,7 +15,7 @@ gateway share over its direct share) summed up as median, min and max: how far o
 can be trusted on this machine. The target (docs/gateway.md) is a loss of 5% at most at 8
 concurrent requests.
 
-This is a benchmark, not a test: it prints figures and never fails on them (only on a request that
+This is a measurement, not a test: it prints figures and never fails on them (only on a request that
 fails). tests/e2e/test_25_gateway.py runs it on the local fleet.
 """
 
@@ -174,7 +174,7 @@ def measure(
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        epilog="Example: python benchmarks/bench_gateway.py --rig http://127.0.0.1:8000 "
+        epilog="Example: python measure/gateway_overhead.py --rig http://127.0.0.1:8000 "
         "--gateway https://127.0.0.1:8443 --cafile gateway.crt --key-file key.txt --model tiny-emb4",
     )
     ap.add_argument("--rig", required=True, help="the rig's own endpoint (http://HOST:PORT)")
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             max_tokens=args.max_tokens,
         )  # fmt: skip
     except (BenchError, httpx.HTTPError) as exc:
-        print(f"bench_gateway: {exc}", file=sys.stderr)
+        print(f"gateway_overhead: {exc}", file=sys.stderr)
         return 1
     print(result.summary())
     if args.record:

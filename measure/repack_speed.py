@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Benchmark the converters on a synthetic checkpoint shaped exactly like Google's E2B QAT release.
+"""Time the converters on a synthetic checkpoint shaped exactly like Google's E2B QAT release.
 
-    python benchmarks/bench_repack.py WORKDIR [--small | --layers N] [--repeat N] [--json OUT.json]
+    python measure/repack_speed.py WORKDIR [--small | --layers N] [--repeat N] [--json OUT.json]
 
 Writes WORKDIR/qat (tensor names and shapes of google/gemma-4-E2B-it-qat-q4_0-unquantized, taken
 from transformers' Gemma 4 at E2B's config on the meta device; on-grid random bf16 values, about
@@ -12,7 +12,7 @@ copy is the one compared, and with --repeat N the fastest of N runs). Peak memor
 own VmHWM. Dirty pages are flushed before every timed child. Targets:
 peak <= 2 GiB, each step <= 2x its copy time, one-pass emb4 <= 1.5x the source's copy time.
 --small uses a tiny config (a smoke run in seconds).
-This is a benchmark, not a test: it prints figures and never fails on them.
+This is a measurement, not a test: it prints figures and never fails on them.
 """
 
 from __future__ import annotations
@@ -214,7 +214,7 @@ def copy_time(src: Path, dst: Path) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="bench_repack.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="repack_speed.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("workdir", type=Path, help="scratch directory (about 40 GB free for the full run)")
     ap.add_argument("--small", action="store_true", help="tiny synthetic checkpoint: a smoke run in seconds")

@@ -1,4 +1,4 @@
-"""benchmarks/bench_gateway.py: its rounds, sums and command line, against two fake rigs.
+"""measure/gateway_overhead.py: its rounds, sums and command line, against two fake rigs.
 
 The figure itself comes from the local fleet (tests/e2e/test_25_gateway.py runs it through the real
 gateway) and is printed there, never asserted on. Here one fake rig stands for the rig asked
@@ -17,11 +17,11 @@ import pytest
 from tests.fake_rig import FakeRig
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "measure"))
 
-import bench_gateway as bg  # noqa: E402
+import gateway_overhead as bg  # noqa: E402
 
-SCRIPT = ROOT / "benchmarks" / "bench_gateway.py"
+SCRIPT = ROOT / "measure" / "gateway_overhead.py"
 
 
 def test_rounds_alternate_and_the_key_goes_to_the_gateway_only() -> None:
@@ -95,7 +95,7 @@ def test_help_and_one_line_errors(tmp_path: Path) -> None:
     refused = run(*base)  # nothing listens on port 1
     assert (
         refused.returncode == 1
-        and refused.stderr.startswith("bench_gateway: ")
+        and refused.stderr.startswith("gateway_overhead: ")
         and len(refused.stderr.splitlines()) == 1
     )
 

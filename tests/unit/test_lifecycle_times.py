@@ -1,4 +1,4 @@
-"""benchmarks/bench_lifecycle.py: its pure parts (arguments, recap, downtime, medians, ratios, table).
+"""measure/lifecycle_times.py: its pure parts (arguments, recap, downtime, medians, ratios, table).
 
 The figures themselves come from a run on a rig (evidence/lifecycle), never from a timed test.
 """
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "measure"))
 
-import bench_lifecycle as bl  # noqa: E402
+import lifecycle_times as bl  # noqa: E402
 
 
 def test_defaults_name_a_rig_of_its_own() -> None:
@@ -57,7 +57,7 @@ def test_steps_default_to_all_and_can_be_chosen() -> None:
 
 def test_help_says_what_it_measures() -> None:
     out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_lifecycle.py"), "--help"],
+        [sys.executable, str(ROOT / "measure" / "lifecycle_times.py"), "--help"],
         capture_output=True,
         text=True,
         check=True,

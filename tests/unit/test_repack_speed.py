@@ -1,4 +1,4 @@
-"""benchmarks/bench_repack.py: the synthetic release matches E2B's layout; --small runs end to end."""
+"""measure/repack_speed.py: the synthetic release matches E2B's layout; --small runs end to end."""
 
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "measure"))
 
-import bench_repack  # noqa: E402
+import repack_speed  # noqa: E402
 
 LM = "model.language_model."
 
 
 def test_e2b_layout_matches_the_release():
-    cfg, shapes = bench_repack.release_layout(small=False)
+    cfg, shapes = repack_speed.release_layout(small=False)
     s = dict(shapes)
     assert s[f"{LM}embed_tokens.weight"] == (262144, 1536)
     assert s[f"{LM}embed_tokens_per_layer.weight"] == (262144, 35 * 256)
@@ -53,7 +53,7 @@ def test_small_smoke_run(tmp_path):
     r = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "benchmarks/bench_repack.py"),
+            str(ROOT / "measure/repack_speed.py"),
             str(tmp_path / "w"),
             "--small",
             "--json",
@@ -72,7 +72,7 @@ def test_small_smoke_run(tmp_path):
 
 
 def test_fewer_layers_keep_e2b_shapes():
-    cfg, shapes = bench_repack.release_layout(small=False, layers=10)
+    cfg, shapes = repack_speed.release_layout(small=False, layers=10)
     s = dict(shapes)
     tc = cfg["text_config"]
     assert tc["num_hidden_layers"] == 10 and tc["num_kv_shared_layers"] == 5
@@ -87,7 +87,7 @@ def test_fewer_layers_keep_e2b_shapes():
 @pytest.mark.parametrize("layers", ["7", "5", "40"])
 def test_layers_outside_the_e2b_pattern_are_refused(tmp_path, layers):
     with pytest.raises(SystemExit) as e:
-        bench_repack.main([str(tmp_path / "w"), "--layers", layers])
+        repack_speed.main([str(tmp_path / "w"), "--layers", layers])
     assert e.value.code == 2
     assert not (tmp_path / "w").exists()
 
@@ -110,7 +110,7 @@ def test_peak_memory_is_the_childs_own(tmp_path):
     assert _vm_kib("VmRSS") << 10 >= ballast_bytes
     script = tmp_path / "child.py"
     script.write_text(f"import numpy as np\nx = np.ones({child}, np.uint8)\n")
-    wall, peak, code = bench_repack.run_child([sys.executable, str(script)])
+    wall, peak, code = repack_speed.run_child([sys.executable, str(script)])
     assert code == 0 and wall > 0
     assert child <= peak < ballast_bytes, (peak, _vm_kib("VmHWM") << 10)
     assert ballast[-1] == 1
