@@ -91,7 +91,7 @@ def test_bench_and_accuracy_find_the_project_without_group_vars(tmp_path: Path, 
     assert "ok: [r]" in read, out[-4000:]
     if playbook == "accuracy.yml":
         assert "ok: [r -> localhost]" in out.split("TASK [accuracy : Find the data set on the controller]", 1)[1]
-        assert "TASK [End here in check mode" in out
+        assert "TASK [accuracy : End here in check mode" in out
     else:
         assert "bench.yml would run 8 cells" in out
     assert json.loads(said.read_text()) == [str(ROOT), str(ROOT / "build")]
