@@ -13,16 +13,12 @@ description:
   - Manages one ingress rule allowing TCP on the given ports from O(source_ranges) to VMs with
     O(target_tags), with the google-cloud-compute client. Used by gemma-rig to open the vLLM
     endpoint only when the user asks for it.
-  - Supports check mode (only reads are sent) and diff mode.
 version_added: "0.1.0"
 author: gemma-rig contributors !UNKNOWN
 requirements:
   - google-cloud-compute >= 1.56
+extends_documentation_fragment: [google_cloud]
 options:
-  project:
-    description: Google Cloud project id.
-    type: str
-    required: true
   name:
     description: Rule name.
     type: str
@@ -82,17 +78,6 @@ options:
     description: Rule description.
     type: str
     default: Managed by gemma-rig
-  auth_kind:
-    description: V(application) (ADC), V(serviceaccount) (O(service_account_file)) or V(anonymous) (a local fake API).
-    type: str
-    choices: [application, serviceaccount, anonymous]
-    default: application
-  service_account_file:
-    description: Service-account JSON key file for O(auth_kind=serviceaccount).
-    type: path
-  api_endpoint:
-    description: Compute API endpoint override; C(http://host:port) speaks plain HTTP.
-    type: str
   operation_timeout:
     description: Seconds to wait for the operation.
     type: int
@@ -119,13 +104,8 @@ import ipaddress
 import json
 from typing import Any
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible.module_utils.gce_client import (
-    AUTH_ARGUMENT_SPEC,
-    HAS_GOOGLE,
-    IMPORT_ERROR,
-    make_clients,
-)
+from ansible.module_utils.basic import missing_required_lib
+from ansible.module_utils.gce_client import HAS_GOOGLE, IMPORT_ERROR, cloud_module, make_clients
 from ansible.module_utils.gce_errors import GceError, exception_to_error
 from ansible.module_utils.gce_operations import call_and_wait, get_or_none
 from ansible.module_utils.gce_retry import make_retry
@@ -197,7 +177,6 @@ def replacement(compute_v1: Any, current: dict[str, Any], resource: Any) -> Any:
 
 def main() -> None:
     spec = dict(
-        AUTH_ARGUMENT_SPEC,
         name={"type": "str", "required": True},
         state={"type": "str", "default": "present", "choices": ["present", "absent"]},
         network={"type": "str", "default": "default"},
@@ -211,7 +190,7 @@ def main() -> None:
         allow_world={"type": "bool", "default": False},
         validate_only={"type": "bool", "default": False},
     )
-    module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
+    module = cloud_module(spec)
     p = module.params
     # Every check before any client exists, so a refused range sends no request at all.
     if not 0 <= p["min_prefix_v4"] <= 32 or not 0 <= p["min_prefix_v6"] <= 128:

@@ -34,17 +34,12 @@ description:
     the work was done, or a dropped connection) is sent again without doing the work twice.
   - A run that fails midway says what it already did (RV(changed), RV(actions)) and the VM's
     state now (RV(status), RV(machine_type)...).
-  - Supports check mode (only reads are sent) and diff mode.
 version_added: "0.1.0"
 author: gemma-rig contributors !UNKNOWN
 requirements:
   - google-cloud-compute >= 1.56
-  - google-auth
+extends_documentation_fragment: [google_cloud]
 options:
-  project:
-    description: Google Cloud project id.
-    type: str
-    required: true
   zones:
     description:
       - Zones to try, in order. The first with capacity gets the VM. One zone may be given as a string.
@@ -237,25 +232,7 @@ options:
     description: First backoff delay in seconds (doubled each retry, at most 30).
     type: float
     default: 1.0
-  auth_kind:
-    description:
-      - V(application) uses Application Default Credentials (C(gcloud auth application-default login),
-        C(GOOGLE_APPLICATION_CREDENTIALS), or the metadata server).
-      - V(serviceaccount) reads O(service_account_file). V(anonymous) sends no credentials (only for a
-        local fake API).
-    type: str
-    choices: [application, serviceaccount, anonymous]
-    default: application
-  service_account_file:
-    description: Service-account JSON key file for O(auth_kind=serviceaccount).
-    type: path
-  api_endpoint:
-    description:
-      - Compute API endpoint override, like C(endpoint_url) in amazon.aws modules. C(http://host:port)
-        speaks plain HTTP (a local fake API).
-    type: str
 notes:
-  - Check mode sends only reads. Diff mode shows the compared fields before and after.
   - Needs the Compute Engine API enabled and a GPU quota above 0 in the zones' regions.
 seealso:
   - name: gemma-rig docs/gce.md
@@ -409,9 +386,9 @@ from typing import Any
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible.module_utils.gce_body import STOPPED, instance_body
 from ansible.module_utils.gce_client import (
-    AUTH_ARGUMENT_SPEC,
     HAS_GOOGLE,
     IMPORT_ERROR,
+    cloud_module,
     make_clients,
     to_dict,
 )
@@ -429,7 +406,6 @@ def _last(value: str | None) -> str:
 
 
 ARGUMENT_SPEC: dict[str, Any] = dict(
-    AUTH_ARGUMENT_SPEC,
     zones={"type": "list", "elements": "str", "required": True},
     name={"type": "str", "required": True},
     state={"type": "str", "default": "present", "choices": ["present", "started", "stopped", "absent"]},
@@ -905,11 +881,9 @@ def failure(module: AnsibleModule, r: Runner, err: GceError) -> dict[str, Any]:
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    module = cloud_module(ARGUMENT_SPEC)
     if not HAS_GOOGLE:
         module.fail_json(msg=missing_required_lib("google-cloud-compute"), exception=str(IMPORT_ERROR))
-    if module.params["auth_kind"] == "serviceaccount" and not module.params["service_account_file"]:
-        module.fail_json(msg="auth_kind=serviceaccount needs service_account_file")
     if not module.params["zones"]:
         module.fail_json(msg="zones must name at least one zone")
     if module.params["host_keys_timeout"] <= 0:

@@ -27,7 +27,7 @@ description:
     unless the patch is present exactly, which is what a rig runs before every start (a reinstall
     or upgrade of tpu-inference silently removes the patch).
   - The same logic runs standalone as C(python tpu_inference_patch.py check --python PY), the
-    check a rig's unit runs before every start: O(checker) writes it, this module's own code, to the rig.
+    check a rig's unit runs before every start, which O(checker) writes to the rig from this module's own code.
 version_added: "0.1.0"
 author: gemma-rig contributors !UNKNOWN
 options:
@@ -47,13 +47,7 @@ options:
     type: str
     choices: [present, absent, check]
     default: present
-  checker:
-    description:
-      - Instead of patching, write the check to this path (a script, run as
-        C(PY -I CHECKER check --python PY)), with O(owner), O(group) and O(mode).
-      - It is this module's own patch code, so the check and the patch cannot differ.
-    type: path
-extends_documentation_fragment: [ansible.builtin.files]
+extends_documentation_fragment: [ansible.builtin.files, patch_checker]
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
@@ -124,8 +118,7 @@ diff:
 """
 
 import ansible.module_utils.tpu_inference_patch as patch_code  # noqa: E402
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible.module_utils.own_source import install  # noqa: E402
+from ansible.module_utils.own_source import patch_module  # noqa: E402
 from ansible.module_utils.tpu_inference_patch import (  # noqa: E402
     PatchError,
     locate,
@@ -136,21 +129,16 @@ from ansible.module_utils.tpu_inference_patch import (  # noqa: E402
 
 def main() -> None:
     """Plan every file's wanted text, compare, and write only what differs (never in check mode)."""
-    module = AnsibleModule(
-        argument_spec={
+    module = patch_module(
+        patch_code,
+        {
             "package_dir": {"type": "path"},
             "python": {"type": "path"},
             "state": {"type": "str", "choices": ["present", "absent", "check"], "default": "present"},
-            "checker": {"type": "path"},
         },
-        mutually_exclusive=[("package_dir", "python", "checker")],
-        required_one_of=[("package_dir", "python", "checker")],
-        add_file_common_args=True,
-        supports_check_mode=True,
+        ("package_dir", "python"),
     )
     params = module.params
-    if params["checker"]:
-        module.exit_json(**install(module, patch_code, params["checker"]))
     try:
         package_dir = params["package_dir"] or locate(params["python"])
         changes = plan(package_dir, params["state"])

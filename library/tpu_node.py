@@ -39,17 +39,12 @@ description:
     Labels, metadata and tags apply when the node is made and are not compared.
   - V(absent) deletes the queued resource (with C(force), which deletes its node) and any node of
     that name, then reads every zone again and reports in RV(still_costs) what is left that bills.
-  - Supports check mode (only reads are sent) and diff mode.
 version_added: "0.1.0"
 author: gemma-rig contributors !UNKNOWN
 requirements:
   - google-cloud-tpu >= 1.28
-  - google-auth
+extends_documentation_fragment: [google_cloud]
 options:
-  project:
-    description: Google Cloud project id.
-    type: str
-    required: true
   zones:
     description:
       - Zones to try, in order. One zone may be given as a string.
@@ -168,21 +163,8 @@ options:
     description: First backoff delay in seconds (doubled each retry, at most 30).
     type: float
     default: 1.0
-  auth_kind:
-    description:
-      - V(application) uses Application Default Credentials, V(serviceaccount) reads
-        O(service_account_file), V(anonymous) sends none (only for a local fake API).
-    type: str
-    choices: [application, serviceaccount, anonymous]
-    default: application
-  service_account_file:
-    description: Service-account JSON key file for O(auth_kind=serviceaccount).
-    type: path
-  api_endpoint:
-    description: Cloud TPU API endpoint override; C(http://host:port) speaks plain HTTP (a local fake API).
-    type: str
 notes:
-  - Check mode sends only reads. Diff mode shows zone, accelerator type, runtime, provisioning model and state.
+  - Diff mode shows zone, accelerator type, runtime, provisioning model and state.
   - A TPU VM has no separate boot disk to keep - the runtime image's disk goes with the node.
 seealso:
   - name: gemma-rig docs/tpu.md
@@ -308,7 +290,7 @@ import time
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible.module_utils.gce_client import AUTH_ARGUMENT_SPEC
+from ansible.module_utils.gce_client import cloud_module
 from ansible.module_utils.gce_errors import GceError
 from ansible.module_utils.tpu_api import (
     HAS_TPU,
@@ -330,7 +312,6 @@ from ansible.module_utils.tpu_api import (
 from ansible.module_utils.vm_host_keys import alias, pin, ssh_common_args, wait_for_keys
 
 ARGUMENT_SPEC: dict[str, Any] = dict(
-    AUTH_ARGUMENT_SPEC,
     zones={"type": "list", "elements": "str", "required": True},
     name={"type": "str", "required": True},
     state={"type": "str", "default": "present", "choices": ["present", "absent"]},
@@ -768,8 +749,6 @@ def check_params(p: dict[str, Any]) -> str:
     """A one-line problem with the parameters, found before any request; empty when none."""
     if not p["zones"]:
         return "zones must name at least one zone"
-    if p["auth_kind"] == "serviceaccount" and not p["service_account_file"]:
-        return "auth_kind=serviceaccount needs service_account_file"
     if not p["service_account_scopes"]:
         return "service_account_scopes must name at least one scope (the API reads none as every Cloud API)"
     for key in (
@@ -793,7 +772,7 @@ def check_params(p: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    module = cloud_module(ARGUMENT_SPEC)
     if not HAS_TPU:
         module.fail_json(msg=missing_required_lib("google-cloud-tpu"), exception=str(TPU_IMPORT_ERROR))
     problem = check_params(module.params)  # before any request, credentials included

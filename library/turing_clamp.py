@@ -21,7 +21,7 @@ description:
     anchor is missing it fails, names the anchor, and changes nothing. The patched file is
     compiled before it replaces the original (atomically, keeping owner and mode).
   - The same logic runs standalone as the vllm service's C(ExecStartPre) check,
-    C(clamp-check check --python PY): O(checker) writes it, this module's own code, to the rig.
+    C(clamp-check check --python PY), which O(checker) writes to the rig from this module's own code.
 version_added: "0.1.0"
 author: gemma-rig contributors !UNKNOWN
 options:
@@ -48,13 +48,7 @@ options:
       - A clamp applied with another budget is replaced.
     type: int
     default: 60000
-  checker:
-    description:
-      - Instead of patching, write the check to this path (a script, run as
-        C(PY -I CHECKER check --python PY)), with O(owner), O(group) and O(mode).
-      - It is this module's own clamp code, so the check and the patch cannot differ.
-    type: path
-extends_documentation_fragment: [ansible.builtin.files]
+extends_documentation_fragment: [ansible.builtin.files, patch_checker]
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
@@ -130,8 +124,7 @@ import os  # noqa: E402  (Ansible modules put their documentation first)
 import tempfile  # noqa: E402
 
 import ansible.module_utils.turing_clamp as clamp_code  # noqa: E402
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible.module_utils.own_source import install  # noqa: E402
+from ansible.module_utils.own_source import patch_module  # noqa: E402
 from ansible.module_utils.turing_clamp import (  # noqa: E402
     ClampError,
     apply,
@@ -143,22 +136,17 @@ from ansible.module_utils.turing_clamp import (  # noqa: E402
 
 def main() -> None:
     """Fetch the file, compute the wanted text, compare, and write only when they differ."""
-    module = AnsibleModule(
-        argument_spec={
+    module = patch_module(
+        clamp_code,
+        {
             "path": {"type": "path"},
             "python": {"type": "path"},
             "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},
             "smem_budget": {"type": "int", "default": 60000},
-            "checker": {"type": "path"},
         },
-        mutually_exclusive=[("path", "python", "checker")],
-        required_one_of=[("path", "python", "checker")],
-        add_file_common_args=True,
-        supports_check_mode=True,
+        ("path", "python"),
     )
     params = module.params
-    if params["checker"]:
-        module.exit_json(**install(module, clamp_code, params["checker"]))
     if params["smem_budget"] < 1:
         module.fail_json(msg=f"smem_budget must be a positive number of bytes, got {params['smem_budget']}")
 

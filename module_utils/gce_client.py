@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ansible.module_utils.basic import AnsibleModule
+
 try:
     import google.auth
     import google.auth.exceptions
@@ -25,7 +27,7 @@ except ImportError as exc:  # the module reports it with missing_required_lib
 
 SCOPES = ["https://www.googleapis.com/auth/compute"]
 
-# Options every module that talks to Compute Engine accepts (merged into its argument_spec).
+# Options every module that calls a Google Cloud API accepts (plugins/doc_fragments/gce_auth.py).
 AUTH_ARGUMENT_SPEC: dict[str, Any] = {
     "project": {"type": "str", "required": True},
     "auth_kind": {
@@ -36,6 +38,16 @@ AUTH_ARGUMENT_SPEC: dict[str, Any] = {
     "service_account_file": {"type": "path"},
     "api_endpoint": {"type": "str"},
 }
+
+
+def cloud_module(argument_spec: dict[str, Any]) -> AnsibleModule:
+    """The AnsibleModule of a module that calls a Google Cloud API: its options and the shared ones,
+    whose rule is checked before any of the module's own code runs."""
+    return AnsibleModule(
+        argument_spec=dict(AUTH_ARGUMENT_SPEC, **argument_spec),
+        required_if=[("auth_kind", "serviceaccount", ("service_account_file",))],
+        supports_check_mode=True,
+    )
 
 
 @dataclass
@@ -58,8 +70,6 @@ def credentials(auth_kind: str, service_account_file: str | None, scopes: list[s
     if auth_kind == "anonymous":
         return AnonymousCredentials()
     if auth_kind == "serviceaccount":
-        if not service_account_file:
-            raise ValueError("auth_kind=serviceaccount needs service_account_file")
         return service_account.Credentials.from_service_account_file(service_account_file, scopes=scopes)
     try:
         creds, _project = google.auth.default(scopes=scopes)

@@ -14,6 +14,8 @@ import tempfile
 from types import ModuleType
 from typing import Any
 
+from ansible.module_utils.basic import AnsibleModule
+
 
 def source_of(module_utils: ModuleType) -> bytes:
     """The exact bytes of an imported module's file."""
@@ -57,3 +59,19 @@ def install(module: Any, module_utils: ModuleType, dest: str) -> dict[str, Any]:
         )
     result["changed"] = changed
     return result
+
+
+def patch_module(code: ModuleType, argument_spec: dict[str, Any], targets: tuple[str, ...]) -> AnsibleModule:
+    """The AnsibleModule of a module that patches with ``code``: exactly one of ``targets`` (the
+    options that name what to patch) and ``checker``. With ``checker``, it installs and exits here."""
+    where = (*targets, "checker")
+    module = AnsibleModule(
+        argument_spec=dict(argument_spec, checker={"type": "path"}),
+        mutually_exclusive=[where],
+        required_one_of=[where],
+        add_file_common_args=True,
+        supports_check_mode=True,
+    )
+    if module.params["checker"]:
+        module.exit_json(**install(module, code, module.params["checker"]))
+    return module

@@ -34,6 +34,7 @@ PLUGIN_DIRS = (
     ("module_utils", "module_utils"),
     ("plugins/lookup", "lookup"),
     ("plugins/filter", "filter"),
+    ("plugins/doc_fragments", "doc_fragments"),
 )
 
 GET_PIP_STANDIN = '''"""Stand-in for get-pip.py {version}, written by gemma-rig's tests/lint/test_ansible_sanity.py.
@@ -58,6 +59,8 @@ def build_tree(dest: Path) -> Path:
     root = dest / "ansible_collections" / NAMESPACE / NAME
     ours = sorted(p.stem for p in (ROOT / "module_utils").glob("*.py"))
     local_import = re.compile(rf"\bansible\.module_utils\.({'|'.join(ours)})\b")
+    fragments = "|".join(p.stem for p in (ROOT / "plugins" / "doc_fragments").glob("*.py"))
+    fragment_use = re.compile(rf"^(extends_documentation_fragment: \[.*)\b({fragments})\b", re.M)
     for source, target in PLUGIN_DIRS:
         for path in sorted((ROOT / source).glob("*.py")):
             out = root / "plugins" / target / path.name
@@ -65,6 +68,7 @@ def build_tree(dest: Path) -> Path:
             text = local_import.sub(
                 rf"ansible_collections.{NAMESPACE}.{NAME}.plugins.module_utils.\1", path.read_text()
             )
+            text = fragment_use.sub(rf"\1{NAMESPACE}.{NAME}.\2", text)
             out.write_text(text)
     (root / "galaxy.yml").write_text(
         f"namespace: {NAMESPACE}\nname: {NAME}\nversion: 0.1.0\nreadme: README.md\nauthors: [gemma-rig]\n"

@@ -7,6 +7,7 @@ and the unit runs what it wrote. No other copy exists to drift.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, VENV_BIN
 from tests.unit.test_turing_clamp_module import playbook
 
 SOURCES = {
@@ -74,3 +75,15 @@ def test_the_unit_runs_what_the_role_installs() -> None:
         assert (
             unit.index(f"{{% if {switch} %}}") < unit.index(run) < unit.index("{% endif %}", unit.index(run))
         )
+
+
+def test_ansible_doc_renders_the_checker_option() -> None:
+    result = subprocess.run(
+        [str(VENV_BIN / "ansible-doc"), "-M", "library", "--json", *SOURCES],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    docs = json.loads(result.stdout)
+    for module in SOURCES:
+        assert {"checker", "owner", "group", "mode"} <= set(docs[module]["doc"]["options"]), module
+        assert "checker" in docs[module]["return"] and "checker:" in docs[module]["examples"]
