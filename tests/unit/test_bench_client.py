@@ -124,6 +124,9 @@ def test_cli_writes_every_cell_and_progress(stub: str, tmp_path: Path, capsys: p
 def test_cli_needs_vocab_and_a_server(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit):
         bench.main(["--out", str(tmp_path / "x.json")])
+    assert "required: --url" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--url", "http://127.0.0.1:9", "--out", str(tmp_path / "x.json")])
     assert "vocabulary size" in capsys.readouterr().err
     rc = bench.main(["--url", "http://127.0.0.1:9", "--vocab-size", "100", "--out", str(tmp_path / "x.json")])
     assert rc == 1 and "cannot reach" in capsys.readouterr().err

@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         "--a/--b take a server URL or a scores file written by --score.",
     )
     ap.add_argument("--data", type=Path, required=True, help="JSONL of {question, choices, label}")
-    ap.add_argument("--a", help="build A: URL (e.g. http://127.0.0.1:8000) or scores JSON")
+    ap.add_argument("--a", help="build A: URL (e.g. http://HOST:PORT) or scores JSON")
     ap.add_argument("--b", help="build B: URL or scores JSON")
     ap.add_argument("--model-a", help="model name at A (default: from /v1/models)")
     ap.add_argument("--model-b", help="model name at B (default: from /v1/models)")

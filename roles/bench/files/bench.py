@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         "measured: input x concurrency sweep (num_prompts = max(8, 4c), ignore-eos, temperature 0, "
         "median of repeats and its spread) plus single-stream decode. Writes JSON; progress on stderr.",
     )
-    ap.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL (default %(default)s)")
+    ap.add_argument("--url", required=True, help="server base URL, e.g. http://HOST:PORT")
     ap.add_argument("--model", help="served model name (default: the first one /v1/models lists)")
     ap.add_argument("--input-lens", type=_ints, default=[512, 4096], help="comma list (default 512,4096)")
     ap.add_argument("--concurrency", type=_ints, default=[1, 4, 8, 16], help="comma list (default 1,4,8,16)")
