@@ -44,7 +44,7 @@ def add_common(ap: argparse.ArgumentParser) -> None:
     )
 
 
-# Each worker is a thread holding about 10 MiB of chunks; past this, more threads only add memory
+# Each worker is a thread holding a few row chunks; past this, more threads only add memory
 # and contention (a typo like -j 4000 would ask for 40 GiB).
 MAX_JOBS = 256
 

@@ -7,15 +7,15 @@ errors are bit-identical (tests/unit/test_repack_grid_fast.py checks it).
 Layout: groups are taken 64 at a time, transposed so that value j of group k sits at
 [j * 64 + k]; every loop then runs across 64 groups at once and LLVM makes it SIMD code with no
 per-group horizontal reductions. numpy transposes the input, and the levels back when they are
-asked for (its strided copy is about 3x faster than the same loop here); the packed words, four
+asked for (its strided copy is faster than the same loop here); the packed words, four
 per group, the kernel puts back in row order itself while they are in cache (a third of numpy's
 time). The scratch arrays are flat on purpose: numba's 2-D indexing, and
-inner loops of 16 or 32, kept LLVM from vectorizing (measured 20x slower on the same loop).
+inner loops of 16 or 32, kept LLVM from vectorizing (an order of magnitude slower on the same loop).
 Passes that reduce over a group's values walk them eight at a time inside the loop over groups
 (four for the screen): LLVM unrolls those eight and keeps each group's running values (peak,
 miss flags, error, sums, packed word) in registers, where a loop over values outside the loop
-over groups loaded and stored them once per value (the final pass took 7.3 ms a chunk that
-way, 2.2 ms this way; a whole chunk 27.5 -> 21.5 ms). Sixteen or more at a time is not
+over groups loaded and stored them once per value (the final pass ran about three times
+slower that way). Sixteen or more at a time is not
 vectorized at all.
 
 Per block of 64 groups: widen bf16 to float32 and take each group's peak as an integer max of

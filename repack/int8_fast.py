@@ -99,7 +99,7 @@ def _sq_sum(a):  # pragma: no cover - compiled
     """The sum of squares of a float32 row, in float64.
 
     ``reassoc`` (this function only) lets LLVM add in SIMD lanes: a strict left-to-right float64
-    sum made the whole kernel about 3.5x slower. The order then depends on the CPU's vector
+    sum made the whole kernel several times slower. The order then depends on the CPU's vector
     width only, so a run is the same on one machine whatever --jobs; another CPU may differ in
     the last bits of a diagnostic figure (never in the weights written).
     """

@@ -30,9 +30,9 @@ from repack.units import Out, Unit
 
 # Source bytes per row chunk at most. Small enough that a chunk's rows, just read, are still in
 # the CPU's cache when the grid kernel's transposes read them (with 32 MiB chunks they went to
-# memory and back: a one-pass build spent about twice the system time, 4 s against 2 s on 2
-# CPUs), large enough for sequential reads. Each worker holds about 2.3x a chunk (rows,
-# transposed input, packed words, steps): 16 workers, about 150 MiB.
+# memory and back, and a one-pass build spent about twice the system time), large enough for
+# sequential reads. Each worker holds about 2.3x a chunk (rows, transposed input, packed words,
+# steps).
 CHUNK_BYTES = 4 * 1024 * 1024
 STAMP = "repack.json"
 WEIGHT_FILES = ("config.json", "model.safetensors.index.json", STAMP)

@@ -1,8 +1,8 @@
 """Per-thread reusable buffers for the converters' row chunks.
 
 A fresh buffer per chunk costs a page fault per 4 KiB page (and, for numpy's large arrays,
-sometimes a huge-page compaction stall): measured at 10-50 ms per 32 MiB chunk on a 2-vCPU VM,
-as much as converting the chunk. Each worker thread keeps its buffers and reuses them chunk
+sometimes a huge-page compaction stall), which on a small VM can cost as much as converting
+the chunk. Each worker thread keeps its buffers and reuses them chunk
 after chunk (which also keeps them in the CPU's cache from one chunk to the next).
 
 Contract: an array from ``array`` is valid until the same thread asks for the same ``key`` again,

@@ -6,7 +6,7 @@ memory (the E2B per-layer table is 4.7 GB).
 
 Data travels as numpy arrays and dtypes as safetensors' names ("BF16", "F16", ...): numpy has no
 bfloat16, so a BF16 tensor is its bits as uint16. The converters never import torch: its
-import alone was 1-3 s of every run and 0.3-0.9 GiB of resident memory.
+import alone would dominate a small run's time and resident memory.
 """
 
 from __future__ import annotations

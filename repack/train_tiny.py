@@ -10,7 +10,7 @@ How, and why so (the whole build must stay under 90 s on two CPU cores):
   the layers below ``TRAIN_FROM`` (the first KV-shared layer) keep their random on-grid values.
   Their outputs are then fixed, so they are computed once. The KV-shared layers (6..9) reuse the
   keys and values of layers 4 and 5, so each position is computed on its own there: a step runs
-  four layers at the answer positions only (about 0.3 s). Queries, MLPs and per-layer gates of
+  four layers at the answer positions only. Queries, MLPs and per-layer gates of
   those four layers learn to read the question from the fixed keys and values.
 * The loss covers the answer tokens and ``<end_of_turn>`` only: an additive-margin cross-entropy
   that keeps pushing each token's margin (its logit minus the best other logit) until it passes
@@ -48,7 +48,7 @@ LM = "model.language_model."
 END_OF_TURN = 6
 TRAIN_FROM = 6  # layers below this (and the embedding tables) stay as initialised
 # Fixed, so the float sums (and the bytes) do not depend on the machine's core count. One thread:
-# on a busy 2-core machine two threads measured 4x slower matrix products than one.
+# on a busy 2-core machine two threads made matrix products several times slower than one.
 THREADS = 1
 SEED = 1234
 LR = 5e-3
