@@ -13,6 +13,8 @@ from pathlib import Path
 import yaml
 
 from tests.conftest import ROOT
+from tests.golden.render import CASES, GOLDEN
+from tests.unit.test_self_contained import PLATFORM_PLAYS
 
 # Where a path the docs name starts: the repository's own folders.
 PATH_ROOTS = (
@@ -97,6 +99,7 @@ def missing_paths(root: Path) -> list[str]:
         base = doc.parent if doc.parent.parent.name == "roles" else root
         for span in spans(doc.read_text()):
             found = [(root, p) for p in paths_in(span, PATH_ROOTS)]
+            found += [(root / "inventory", p) for p in paths_in(span, ("group_vars/",))]
             found += [(base, p) for p in paths_in(span, ROLE_DIRS)] if base != root else []
             for where, path in found:
                 if not any(True for _ in where.glob(path)):
@@ -218,6 +221,7 @@ def test_a_stale_name_is_caught(tmp_path: Path) -> None:
     (tmp_path / "README.md").write_text(
         "Runs `roles/vllm/tasks/main.yml`, `roles/<role>/tasks/{main,x}.yml` and `playbooks/tasks/swap.yml`;"
         " sets `vllm_package`, `vllm_hint`, `vllm_pack*`, `vllm_`, `vllm_clamp_enabled`, `vllm_x_*`.\n"
+        " Profile: `group_vars/byoh.yml`.\n"
         "```\nansible-vault create inventory/group_vars/all/vault.yml\n"
         ".venv/bin/python measure/run.py --out evidence/x\n```\n"
     )
@@ -225,9 +229,41 @@ def test_a_stale_name_is_caught(tmp_path: Path) -> None:
     (tmp_path / "roles/vllm/README.md").write_text("`defaults/main.yml`, `tasks/tpu_patch.yml`\n")
     assert missing_paths(tmp_path) == [
         "README.md: evidence/x",
+        "README.md: inventory/group_vars/byoh.yml",
         "README.md: measure/run.py",
         "README.md: playbooks/tasks/swap.yml",
         "README.md: roles/*/tasks/x.yml",
         "roles/vllm/README.md: roles/vllm/tasks/tpu_patch.yml",
     ]
     assert undefined_variables(tmp_path) == ["README.md: vllm_clamp_enabled", "README.md: vllm_x_*"]
+
+
+# A platform's guide where it is not docs/<platform>.md.
+GUIDES = {"local": "docs/tiny-model.md"}
+
+
+def test_every_platform_has_what_adding_a_platform_lists() -> None:
+    """docs/platforms.md ("Adding a platform"): steps 1 to 4 for every platform, step 5's plays
+    wherever there are any; nvidia_driver knows NVIDIA's Debian repositories only."""
+    profiles = {p.stem: yaml.safe_load(p.read_text()) for p in (ROOT / "inventory/group_vars").glob("*.yml")}
+    platforms = sorted(name for name, values in profiles.items() if values.get("rig_platform") == name)
+    header = next(
+        line for line in (ROOT / "docs/platforms.md").read_text().splitlines() if line.startswith("| key |")
+    )
+    contract = (ROOT / "docs/rig-contract.md").read_text()
+    assert sorted(column.strip() for column in header.split("|")[3:-1]) == platforms
+    for p in platforms:
+        inventory = yaml.safe_load((ROOT / "inventory" / f"{p}.yml").read_text())
+        assert p in inventory["rigs"]["children"], p
+        assert p in CASES and all((GOLDEN / p / f).is_file() for f in ("tpu.env", "vllm.service")), p
+        assert (ROOT / GUIDES.get(p, f"docs/{p}.md")).is_file() and f"  - `{p}`:" in contract, p
+        for play in (f"provision_{p}.yml", f"teardown_{p}.yml"):
+            if (ROOT / "playbooks" / play).exists():
+                imported_by = ROOT / (
+                    "playbooks/provision.yml" if play.startswith("provision") else "teardown.yml"
+                )
+                assert play in PLATFORM_PLAYS and play in imported_by.read_text(), play
+    keys = yaml.safe_load((ROOT / "roles/nvidia_driver/vars/main.yml").read_text())[
+        "_nvidia_driver_repo_keys"
+    ]
+    assert all(k.startswith("debian") for k in keys)
