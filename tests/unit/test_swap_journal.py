@@ -54,6 +54,8 @@ class Rig:
             str(self.env),
             "--current",
             str(self.current),
+            "--unit",
+            "vllm",
             "--systemctl",
             str(self.root / "systemctl"),
             *args,

@@ -241,10 +241,12 @@ def cmd_rollback(journal: Journal, args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--state-dir", type=Path, default=Path("/var/lib/gemma-rig"))
-    parser.add_argument("--env-file", type=Path, default=Path("/etc/gemma-rig/tpu.env"))
-    parser.add_argument("--current", type=Path, default=Path("/opt1/models/current"))
-    parser.add_argument("--unit", default="vllm")
+    # The rig's paths and unit name come from its configuration (the unit and the swap role pass
+    # them), never from a second copy here.
+    parser.add_argument("--state-dir", type=Path, required=True)
+    parser.add_argument("--env-file", type=Path, required=True)
+    parser.add_argument("--current", type=Path, required=True)
+    parser.add_argument("--unit", required=True, help="the systemd unit that serves")
     parser.add_argument("--systemctl", default="systemctl", help=argparse.SUPPRESS)  # tests
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("show")
