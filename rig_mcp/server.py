@@ -259,32 +259,22 @@ class RigServer:
         target = self.check_rig(rig) if rig else (self.rig_names() or [""])[0]
         if not target:
             raise ToolError("the inventory has no rigs")
-        run = await self.play(
-            ctx, "playbooks/query.yml", target, {"prompt": prompt, "max_tokens": max_tokens}
+        doc = await self.rigctl(
+            ctx, "playbooks/query.yml", "Ask rigctl", target, {"prompt": prompt, "max_tokens": max_tokens}
         )
-        shown = (run.result("Show the answer", target) or {}).get("msg", [])
-        res = run.result("Send a chat completion", target) or {}
-        doc = res.get("json") or {}
-        if doc.get("choices"):
-            message = doc["choices"][0].get("message", {})
-            model, answer = doc.get("model", ""), (message.get("content") or "").strip()
-            reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
-            finish = doc["choices"][0].get("finish_reason")
-            usage = doc.get("usage", {})
-        else:  # the request carried the API key, so its result is censored: read what was shown
-            model, _, answer = (shown[0] if shown else ": ").partition(": ")
-            reasoning, finish, usage = "", None, {}
+        answer = str(doc.get("answer") or "")
         result = {
             "rig": target,
-            "model": model,
+            "model": doc.get("model") or "",
             "answer": answer,
-            "finish_reason": finish,
-            "usage": usage,
+            "finish_reason": doc.get("finish_reason"),
+            "usage": doc.get("usage") or {},
             "reasoning_only": not answer,
         }
         if not answer:
+            reasoning = doc.get("reasoning_chars") or 0
             result["note"] = f"reasoning only: no answer within max_tokens ({max_tokens}); raise it" + (
-                f" (reasoning so far: {len(reasoning)} characters)" if reasoning else ""
+                f" (reasoning so far: {reasoning} characters)" if reasoning else ""
             )
         return self.redact(result)
 

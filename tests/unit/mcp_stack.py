@@ -3,6 +3,7 @@ FakeRig on this machine, and the server started as a client starts it (the SDK's
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -16,13 +17,32 @@ VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
 RIG = "rig-fake"
 
 
+def installed_rigctl(directory: Path, port: int, key: str = "") -> Path:
+    """rigctl as the vllm_service role installs it (its SETTINGS written in), in ``directory``,
+    with a tpu.env naming a FakeRig's port (and VLLM_API_KEY); run by this Python."""
+    directory.mkdir(parents=True, exist_ok=True)
+    env = directory / "tpu.env"
+    env.write_text(f"RIG_PORT={port}\n" + (f"VLLM_API_KEY={key}\n" if key else ""))
+    source = (ROOT / "roles/vllm_service/files/rigctl.py").read_text()
+    settings = {"unit": "vllm", "env_file": str(env), "helper_dir": str(directory), "python": sys.executable,
+                "swap_state_dir": str(directory)}  # fmt: skip
+    source = source.replace(
+        "SETTINGS: dict[str, str] = {}", f"SETTINGS: dict[str, str] = {json.dumps(settings)}"
+    )
+    rigctl = directory / "rigctl"
+    rigctl.write_text(f"#!{sys.executable} -I\n" + source.split("\n", 1)[1])
+    rigctl.chmod(0o755)
+    return rigctl
+
+
 def fake_inventory(directory: Path, port: int, **hostvars: Any) -> Path:
-    """An inventory of one rig, reached with a local connection at the FakeRig's 127.0.0.1:port.
-    It lives outside the repository, so the repository's group_vars do not apply: query.yml's
-    inputs (rig_listen_address, rig_port, rig_api_headers, rig_smoke_prompt) are set here."""
+    """An inventory of one rig, reached with a local connection at the FakeRig's 127.0.0.1:port
+    through an installed rigctl. It lives outside the repository, so the repository's group_vars
+    do not apply: query.yml's inputs (rig_ctl, rig_smoke_prompt) are set here."""
     host = {
         "ansible_connection": "local",
         "ansible_python_interpreter": sys.executable,
+        "rig_ctl": str(installed_rigctl(directory / "rig", port)),
         "rig_platform": "local",
         "rig_listen_address": "127.0.0.1",
         "rig_port": port,

@@ -1,21 +1,25 @@
 """playbooks/query.yml sends the user's prompt as data: byte for byte, never rendered, never run.
 
-Real ansible-playbook against tests/fake_rig.py's FakeRig, which logs each POST's ``messages`` as
-received. One run covers many prompts: the inventory has one host per prompt, each a rig of its
+Real ansible-playbook and each rig's installed rigctl (the prompt reaches it on stdin) against
+tests/fake_rig.py's FakeRig, which logs each POST's ``messages`` as received. One run covers many prompts: the inventory has one host per prompt, each a rig of its
 own (its own FakeRig port and its own prompt), so a prompt that reached the wrong rig fails too.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from contextlib import ExitStack
 from pathlib import Path
 
+import certifi
 import pytest
+import yaml
 
 from tests.ansible_run import PlaybookRun, run_playbook
 from tests.conftest import ROOT, VENV_BIN
 from tests.fake_rig import FakeRig
+from tests.unit.mcp_stack import installed_rigctl
 
 
 def hostile_prompts(marker: Path) -> dict[str, str]:
@@ -47,7 +51,7 @@ def write_inventory(tmp_path: Path, hosts: dict[str, dict]) -> Path:
     inv.mkdir()
     (inv / "group_vars").symlink_to(ROOT / "inventory" / "group_vars")
     base = {"ansible_connection": "local", "ansible_python_interpreter": str(VENV_BIN / "python")}
-    hosts = {name: {**base, "rig_listen_address": "127.0.0.1", **v} for name, v in hosts.items()}
+    hosts = {name: {**base, **v} for name, v in hosts.items()}
     (inv / "hosts.yml").write_text(json.dumps({"rigs": {"hosts": hosts}}))
     return inv / "hosts.yml"
 
@@ -61,7 +65,13 @@ def run_query(tmp_path: Path, prompts: dict[str, str], per_host, *args: str) -> 
     """Run query.yml on one rig per prompt; ``per_host(name, prompt)`` gives that host's vars."""
     with ExitStack() as stack:
         rigs = {name: stack.enter_context(FakeRig("m")) for name in prompts}
-        hosts = {name: {"rig_port": rigs[name].port, **per_host(name, prompts[name])} for name in prompts}
+        hosts = {
+            name: {
+                "rig_ctl": str(installed_rigctl(tmp_path / name, rigs[name].port)),
+                **per_host(name, prompts[name]),
+            }
+            for name in prompts
+        }
         run = run_playbook(
             "playbooks/query.yml", *args, inventory=write_inventory(tmp_path, hosts), timeout=600
         )
@@ -123,3 +133,35 @@ def test_a_missing_prompt_file_fails_with_one_line_naming_it(tmp_path: Path) -> 
         f"prompt_file must be a readable file on the controller, got {json.dumps(str(missing))}" in run.output
     )
     assert got["r"] == []
+
+
+def test_the_key_reaches_rigctl_on_stdin_only(tmp_path: Path) -> None:
+    """On a rig, rigctl sends tpu.env's key; with -e via_gateway=true the role's own rigctl, run on
+    the controller, asks each gateway with its client key and CA file and says which rig answered.
+    The key goes in on stdin, never as an argument, and is never shown."""
+    task = yaml.safe_load((ROOT / "roles/vllm_service/tasks/query.yml").read_text())[0]
+    command = task["ansible.builtin.command"]
+    assert "key" not in command["argv"] and "vllm_service_query_api_key" in command["stdin"]
+    ca_dir = tmp_path / "gateway"
+    ca_dir.mkdir()
+    shutil.copy(certifi.where(), ca_dir / "gw.crt")  # a CA file rigctl can load
+    with FakeRig("m") as rig, FakeRig("m") as gateway:
+        base = {"ansible_connection": "local", "ansible_python_interpreter": str(VENV_BIN / "python")}
+        gw = {**base, "gateway_url": f"http://127.0.0.1:{gateway.port}", "gateway_client_api_key": "sk-GATEWAY",
+              "gateway_controller_dir": str(ca_dir)}  # fmt: skip
+        r = {**base, "rig_ctl": str(installed_rigctl(tmp_path / "r", rig.port, key="sk-RIG"))}
+        (tmp_path / "group_vars").symlink_to(ROOT / "inventory" / "group_vars")
+        inventory = tmp_path / "hosts.yml"
+        inventory.write_text(json.dumps({"rigs": {"hosts": {"r": r}}, "gateways": {"hosts": {"gw": gw}}}))
+        on_rig = run_playbook("playbooks/query.yml", "-e", "prompt=hi", inventory=inventory)
+        through = run_playbook(
+            "playbooks/query.yml", "-e", "prompt=hi", "-e", "via_gateway=true", inventory=inventory
+        )
+    assert on_rig.rc == 0 and through.rc == 0, on_rig.output[-3000:] + through.output[-3000:]
+    assert {e["authorization"] for e in rig.log} == {"Bearer sk-RIG"}
+    assert {e["authorization"] for e in gateway.log} == {"Bearer sk-GATEWAY"}
+    assert received(rig) == received(gateway) == [[{"role": "user", "content": "hi"}]]
+    for run in (on_rig, through):
+        assert "- 'm: Paris'" in run.output and "- 'tokens: 5 in, 1 out'" in run.output
+        assert "sk-" not in run.output
+    assert f"answered by ? through http://127.0.0.1:{gateway.port}" in through.output

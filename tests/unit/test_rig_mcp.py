@@ -155,7 +155,7 @@ def test_a_failed_play_is_a_tool_error_naming_task_and_message(tmp_path) -> None
         2,
         failure=Failure(
             "rig-local",
-            "Wait for GET /health (ends at once if vLLM exits instead)",
+            "Wait until vLLM answers, serving tiny-emb4",
             "vLLM exited while starting; Authorization: Bearer s3cr3t-token",
         ),
     )
@@ -164,7 +164,9 @@ def test_a_failed_play_is_a_tool_error_naming_task_and_message(tmp_path) -> None
     )
     assert result.is_error
     text = result.content[0].text
-    assert "playbooks/start.yml failed on rig-local at task 'Wait for GET /health" in text
+    assert (
+        "playbooks/start.yml failed on rig-local at task 'Wait until vLLM answers, serving tiny-emb4" in text
+    )
     assert "vLLM exited while starting" in text
     assert "s3cr3t-token" not in text and "Traceback" not in text
 
@@ -319,26 +321,18 @@ def test_the_server_serves_streamable_http_behind_a_flag(repo_root: Path) -> Non
 
 
 def chat_run(content: str | None, reasoning: str) -> PlayRun:
-    """query.yml's results as ansible-runner reports them: the chat completion's JSON, then the debug."""
-    doc = {
-        "model": "tiny-emb4",
-        "usage": {"prompt_tokens": 9, "completion_tokens": 32},
-        "choices": [
-            {"finish_reason": "length", "message": {"content": content, "reasoning_content": reasoning}}
-        ],
-    }
+    """query.yml's results as ansible-runner reports them: rigctl's query report on stdout."""
+    answer = (content or "").strip()
+    doc = {"rigctl": RIGCTL_SCHEMA, "command": "query", "ok": True, "model": "tiny-emb4", "answer": answer,
+           "reasoning_only": not answer and bool(reasoning), "reasoning_chars": len(reasoning),
+           "finish_reason": "length", "usage": {"prompt_tokens": 9, "completion_tokens": 32},
+           "answered_by": None, "lines": [f"tiny-emb4: {answer}"]}  # fmt: skip
     return PlayRun(
         "playbooks/query.yml",
         "successful",
         0,
         results=[
-            {"task": "Send a chat completion", "host": "rig-local", "res": {"json": doc}, "failed": False},
-            {
-                "task": "Show the answer",
-                "host": "rig-local",
-                "res": {"msg": [f"tiny-emb4: {content or ''}"]},
-                "failed": False,
-            },
+            {"task": "Ask rigctl", "host": "rig-local", "res": {"stdout": json.dumps(doc)}, "failed": False}
         ],
     )
 
@@ -347,8 +341,8 @@ def test_query_flags_a_reply_that_is_reasoning_only(tmp_path) -> None:
     runner = FakeRunner({"playbooks/query.yml": chat_run(None, "Let me think")})
     got = call(Config(lock_dir=tmp_path), runner, "query", {"prompt": "Capital of France?", "max_tokens": 32})
     assert got.structured_content["reasoning_only"] is True
-    assert got.structured_content["note"].startswith(
-        "reasoning only: no answer within max_tokens (32); raise it"
+    assert got.structured_content["note"] == (
+        "reasoning only: no answer within max_tokens (32); raise it (reasoning so far: 12 characters)"
     )
     assert runner.calls == [
         ("playbooks/query.yml", "rig-local", {"prompt": "Capital of France?", "max_tokens": 32})

@@ -6,10 +6,15 @@ tests/e2e/test_30_rigctl_mcp.py."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
+import io
 import json
+import re
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -86,6 +91,13 @@ def rig(tmp_path: Path, monkeypatch):
 
     install.helper, install.dir = helper, tmp_path
     return install
+
+
+def documented(command: str) -> set[str]:
+    """The fields docs/mcp.md's --json table gives ``command`` (besides rigctl, command, ok, lines)."""
+    rows = [r.split("|") for r in (ROOT / "docs/mcp.md").read_text().splitlines() if r.startswith("| `")]
+    row = next(r for r in rows if f"`{command}`" in r[1] and "`lines`" not in r[2] and len(r) == 4)
+    return set(re.findall(r"`([a-z_]+)`", row[2]))
 
 
 def rigctl_json(capsys, *argv: str) -> tuple[int, dict]:
@@ -165,6 +177,7 @@ def test_start_restart_and_stop_json(rig, capsys) -> None:
             ["systemctl", "start"],
         ]
         assert [e["path"] for e in fake.log][-1] == "/v1/chat/completions"  # a short chat proves it serves
+        assert set(doc) - {"rigctl", "command", "ok", "lines"} == documented("start") == documented("restart")
         code, doc = rigctl_json(capsys, "restart", "--no-wait")
         assert (code, doc["changed"], doc["build"], doc["lines"]) == (
             0,
@@ -263,12 +276,15 @@ def test_the_role_writes_the_rigs_names_into_rigctl() -> None:
 
 
 def _play_with_fake_rigctl(tmp_path: Path, playbook: str, report: dict, code: int = 0, *args: str):
-    """Run ``playbook`` on a rig whose rigctl prints ``report`` and exits ``code``; (the run, the
-    argv rigctl got)."""
+    """Run ``playbook`` on a rig whose rigctl prints ``report`` (and ``report["error"]`` on stderr)
+    and exits ``code``; (the run, the argv rigctl got). A command given stdin (--request-stdin)
+    leaves it in tmp_path/stdin."""
     (tmp_path / "report.json").write_text(json.dumps(report))
+    (tmp_path / "error").write_text(f"rigctl: {report['error']}\n" if "error" in report else "")
     fake = tmp_path / "rigctl"
     fake.write_text(
-        f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path}/argv\ncat {tmp_path}/report.json\nexit {code}\n'
+        f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path}/argv\ncase "$*" in *--request-stdin*) cat > {tmp_path}/stdin;; esac\n'
+        f"cat {tmp_path}/report.json\ncat {tmp_path}/error >&2\nexit {code}\n"
     )
     fake.chmod(0o755)
     inventory = tmp_path / "inventory"
@@ -319,3 +335,173 @@ def test_the_ops_playbooks_run_rigctl(tmp_path: Path, playbook: str, args: tuple
     assert run.rc == 0, run.output[-3000:]
     assert argv == want
     assert ("svc: said" in run.output) is (playbook != "stop")
+
+
+# A prompt no argument could carry: NUL, newlines, Jinja, shell words, over 100 KB.
+STDIN_PROMPT = (f"{HOSTILE}\x00\n$(touch x) `y`\n" * 2000)[:102_500]
+
+
+def _stdin(monkeypatch, request: dict) -> None:
+    monkeypatch.setattr(rigctl.sys, "stdin", io.StringIO(json.dumps(request)))
+
+
+def test_wait_sends_the_prompt_from_stdin_exactly_and_says_the_answer(rig, capsys, monkeypatch) -> None:
+    with FakeRig("m", alias="a") as fake:
+        rig(fake.port, {"ActiveState": "active", "NRestarts": "3"}, served="other")
+        _stdin(monkeypatch, {"prompt": STDIN_PROMPT, "max_tokens": 7})
+        code, doc = rigctl_json(capsys, "wait", "--model", "a", "--request-stdin")
+        chats = [e for e in fake.log if e["path"] == "/v1/chat/completions"]
+        assert chats == [{"path": "/v1/chat/completions", "model": "m", "authorization": None,
+                          "messages": [{"role": "user", "content": STDIN_PROMPT}]}]  # fmt: skip
+        assert code == 0 and doc["build"] == "m" and doc["chat"]["answer"] == "Paris"
+        assert set(doc) - {"rigctl", "command", "ok", "lines"} == documented("wait")
+        assert set(doc["chat"]) - {"lines"} == documented("query")
+        assert doc["lines"] == [
+            f"svc: serving m on http://127.0.0.1:{fake.port}",
+            "m: Paris",
+            "tokens: 5 in, 1 out",
+        ]
+        code, doc = rigctl_json(capsys, "wait", "--no-chat", "--timeout", "0.5")  # tpu.env names "other"
+        assert code == 1 and doc["error"] == "svc did not list other on /v1/models within 0 s"
+        assert [e["path"] for e in fake.log].count("/v1/chat/completions") == 1
+
+
+def test_wait_fails_at_once_on_a_stopped_unit_with_its_last_lines(rig, capsys) -> None:
+    host = rig(1, {"ActiveState": "inactive", "NRestarts": "0"}, journal=HOSTILE)
+    code, doc = rigctl_json(capsys, "wait")
+    assert code == 1 and doc["error"] == (
+        f"vLLM exited while starting (automatic restarts: 0, unit: inactive); its last lines:\n{HOSTILE}"
+    )
+    assert [c[:2] for c in host.calls].count(["systemctl", "show"]) == 2  # no waiting out the timeout
+
+
+class Gateway:
+    """An endpoint that answers as HAProxy in front of a rig does (x-gemma-rig), or fails the chat."""
+
+    def __init__(self, chat_status: int = 200) -> None:
+        self.requests: list[dict] = []
+        gw = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _send(self, status: int, body: dict) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("x-gemma-rig", "rig-b")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                gw.requests.append({"path": self.path, "authorization": self.headers.get("Authorization")})
+                self._send(200, {"data": [{"id": "m"}]})
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                gw.requests.append(
+                    {"path": self.path, "authorization": self.headers.get("Authorization"), **body}
+                )
+                self._send(chat_status, {"model": "m", "usage": {}, "choices": [
+                    {"finish_reason": "length", "message": {"content": "", "reasoning_content": "hmm"}}]})  # fmt: skip
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_query_url_reads_the_key_from_stdin_and_names_the_rig_that_answered(capsys, monkeypatch) -> None:
+    gw = Gateway()
+    _stdin(monkeypatch, {"prompt": STDIN_PROMPT, "max_tokens": 9, "api_key": "sk-SECRET"})
+    code, doc = rigctl_json(capsys, "query", "--request-stdin", "--url", gw.url)
+    assert code == 0 and gw.requests[-1]["messages"] == [{"role": "user", "content": STDIN_PROMPT}]
+    assert {r["authorization"] for r in gw.requests} == {"Bearer sk-SECRET"} and gw.requests[-1][
+        "max_tokens"
+    ] == 9
+    assert (doc["answer"], doc["reasoning_only"], doc["reasoning_chars"], doc["answered_by"]) == (
+        "",
+        True,
+        3,
+        "rig-b",
+    )
+    assert doc["lines"] == ["m: ", "(reasoning only: no answer within max_tokens=9, finish_reason length)",
+                            "tokens: None in, None out", f"answered by rig-b through {gw.url}"]  # fmt: skip
+    assert "sk-SECRET" not in json.dumps(doc)
+    assert set(doc) - {"rigctl", "command", "ok", "lines"} == documented("query")
+    # No option carries a key: it comes on stdin only.
+    commands = next(a for a in rigctl.parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert not [o for c in commands.values() for a in c._actions for o in a.option_strings if "key" in o]
+    _stdin(monkeypatch, {"prompt": "hi"})
+    code, doc = rigctl_json(capsys, "query", "--request-stdin", "--url", Gateway(chat_status=500).url)
+    assert code == 1 and doc["error"].endswith("/v1/models but a chat completion failed (status 500)")
+    _stdin(monkeypatch, {"prompt": "hi"})
+    code, doc = rigctl_json(
+        capsys, "query", "--request-stdin", "--url", gw.url, "--ca-file", "/nonexistent/ca.crt"
+    )
+    assert code == 1 and doc["error"].startswith("cannot use the CA file /nonexistent/ca.crt: ")
+
+
+@pytest.mark.parametrize(
+    ("argv", "stdin", "words"),
+    [
+        (["query"], "", "query takes a prompt or --request-stdin, one of them"),
+        (["query", "hi", "--request-stdin"], "", "query takes a prompt or --request-stdin, one of them"),
+        (["wait", "--no-chat", "--request-stdin"], "", "--no-chat does not go with --request-stdin"),
+    ],
+)
+def test_request_arguments_are_checked(capsys, argv, stdin, words) -> None:
+    with pytest.raises(SystemExit) as ex:
+        rigctl.main(argv)
+    assert ex.value.code == rigctl.EXIT_USAGE and words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("stdin", "words"),
+    [
+        ("not json", "--request-stdin: not one JSON object"),
+        ('["hi"]', '--request-stdin: want {"prompt": TEXT, "max_tokens": N}'),
+        ('{"prompt": "hi", "max_tokens": -1}', "--request-stdin: max_tokens must be 0 or more, got -1"),
+    ],
+)
+def test_a_bad_request_on_stdin_is_a_usage_error(capsys, monkeypatch, stdin, words) -> None:
+    monkeypatch.setattr(rigctl.sys, "stdin", io.StringIO(stdin))
+    code, doc = rigctl_json(capsys, "query", "--request-stdin", "--url", "http://127.0.0.1:9")
+    assert code == rigctl.EXIT_USAGE and doc["error"].startswith(words)
+
+
+# This machine has no systemd to show the unit's IP filter (the e2e rig checks it).
+NO_SYSTEMD = ("-e", "vllm_service_check_ip_filter=false")
+
+
+def test_ready_and_smoke_run_rigctl_wait_with_the_prompt_on_stdin(tmp_path: Path) -> None:
+    """smoke.yml's readiness check is rigctl's wait: the served name and timeouts as arguments,
+    the smoke prompt (hostile here) as data on stdin; the answer it reports is shown and checked."""
+    marker = tmp_path / "MARKER"
+    hostile = HOSTILE.replace("MARKER", str(marker)) + "\x00"
+    (tmp_path / "vars.yml").write_text(
+        f"rig_smoke_prompt: !unsafe {json.dumps(hostile)}\nrig_smoke_expect: Paris\nrig_reach_hint: reach\n"
+    )
+    report = {"rigctl": rigctl.SCHEMA, "command": "wait", "ok": True, "build": "tiny",
+              "chat": {"answer": "Paris"}, "lines": ["svc: serving tiny", "tiny: Paris"]}  # fmt: skip
+    args = ("-e", f"@{tmp_path / 'vars.yml'}", *NO_SYSTEMD)
+    run, argv = _play_with_fake_rigctl(tmp_path, "playbooks/smoke.yml", report, 0, *args)
+    assert run.rc == 0, run.output[-3000:]
+    assert argv == ["wait", "--json", "--model", "tiny", "--timeout", "900", "--chat-timeout", "300",
+                    "--request-stdin"]  # fmt: skip
+    assert json.loads((tmp_path / "stdin").read_text()) == {"prompt": hostile, "max_tokens": 512}
+    assert "- 'tiny: Paris'" in run.output and """- 'answer: "Paris"'""" in run.output
+    assert not marker.exists()
+
+
+def test_ready_fails_with_rigctls_words(tmp_path: Path) -> None:
+    words = (
+        f"vLLM exited while starting (automatic restarts: 1, unit: activating); its last lines:\n{HOSTILE}"
+    )
+    report = {"rigctl": rigctl.SCHEMA, "command": "wait", "ok": False, "error": words, "exit": 1}
+    run, _ = _play_with_fake_rigctl(tmp_path, "playbooks/smoke.yml", report, 1, *NO_SYSTEMD)
+    assert run.rc != 0 and "Wait until vLLM answers, serving tiny" in run.output
+    assert (
+        "rigctl: vLLM exited while starting (automatic restarts: 1, unit: activating); its last lines:"
+        in run.output
+    )

@@ -1,16 +1,18 @@
 #!/usr/bin/python3 -I
 """rigctl: the rig's own command and the one place that works its state out: status, start, stop,
-restart, logs, query and the start-time code checks. The ops playbooks run it (`--json`) and word
-what it reports; docs/mcp.md gives the JSON schema.
+restart, the wait until vLLM answers, logs, query and the start-time code checks. The ops playbooks
+and the vllm_service role run it (`--json`) and word what it reports; docs/mcp.md gives the JSON
+schema. query.yml runs this same file on the controller to ask a gateway (`query --url`).
 
 Installed on every rig by the vllm_service role (/usr/local/bin/rigctl), which writes SETTINGS
 below from the inventory's names. Standard library only. The port and the API key come from tpu.env
-(RIG_PORT, VLLM_API_KEY); the key is sent as a bearer token and never printed.
+(RIG_PORT, VLLM_API_KEY); the key is sent as a bearer token and never printed. A prompt that no
+argument could carry (NUL bytes, any size) and a gateway's key come as one JSON object on stdin.
 
 Exit codes (every subcommand):
   0  done / serving / every code check passed
-  1  the action failed (a start that did not come up, a query that failed, a code check failed,
-     journalctl failed)
+  1  the action failed (a start or wait that did not come up, a query that failed, a code check
+     failed, journalctl failed)
   2  usage error (bad arguments)
   3  status only: the service is not serving (stopped, failed or not healthy)
   4  tpu.env or the unit cannot be read (not installed, or run without root)
@@ -23,6 +25,7 @@ import json
 import os
 import re
 import shutil
+import ssl
 import subprocess
 import sys
 import time
@@ -40,7 +43,10 @@ START_LIMIT_REMEDY = "fix the cause, then playbooks/start.yml"
 # helper folder: the Turing clamp (T4 and local), the tpu-inference patch (TPU).
 CODE_CHECKS = (("clamp", "clamp-check"), ("tpu-inference patch", "tpu_inference_patch.py"))
 # A chat this short proves the sampler runs (the CPU build compiles it on first use).
-READY_CHAT = {"messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 8}
+READY_CHAT = {"prompt": "Say OK.", "max_tokens": 8}
+# Seconds between probes of a starting vLLM: a refused connection costs nothing, and the wait ends
+# this soon after vLLM answers.
+POLL = 0.5
 
 
 class RigctlError(Exception):
@@ -101,36 +107,33 @@ def read_env(path: str) -> dict[str, str]:
     return env
 
 
-class Rig:
-    """The local service: its unit, its tpu.env and its endpoint."""
+class Endpoint:
+    """An OpenAI-compatible endpoint: the rig's own (tpu.env), or a gateway's (--url)."""
 
-    def __init__(self, unit: str) -> None:
-        self.unit = unit
-        self.props = unit_props(unit)
-        self.env_file = setting("env_file")
-        self.env = read_env(self.env_file)
-        if "RIG_PORT" not in self.env:
-            raise RigctlError(f"{self.env_file} has no RIG_PORT", EXIT_NO_CONFIG)
-        self.url = f"http://127.0.0.1:{self.env['RIG_PORT']}"
-
-    def refresh(self) -> None:
-        """Read the unit's properties again (after a start or stop)."""
-        self.props = unit_props(self.unit)
+    def __init__(self, url: str, key: str = "", ca_file: str | None = None) -> None:
+        self.url, self.key = url.rstrip("/"), key
+        try:
+            self.context = ssl.create_default_context(cafile=ca_file) if ca_file else None
+        except OSError as exc:
+            raise RigctlError(f"cannot use the CA file {ca_file}: {exc}") from None
+        self.answered_by: str | None = None  # HAProxy's x-gemma-rig header: the rig behind a gateway
+        self.error = ""  # why nothing answered
 
     def http(self, path: str, body: dict | None = None, timeout: float = 5) -> tuple[int, object]:
         """(status, decoded JSON or None); status -1 when nothing answers."""
-        key = self.env.get("VLLM_API_KEY", "")
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
         data = json.dumps(body).encode() if body is not None else None
         if data:
             headers["Content-Type"] = "application/json"
         request = urllib.request.Request(self.url + path, data=data, headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
+            with urllib.request.urlopen(request, timeout=timeout, context=self.context) as response:
                 raw, status = response.read(), response.status
+                self.answered_by = response.headers.get("x-gemma-rig")
         except urllib.error.HTTPError as exc:
             return exc.code, None
-        except (urllib.error.URLError, OSError):
+        except (urllib.error.URLError, OSError) as exc:
+            self.error = str(getattr(exc, "reason", exc))
             return -1, None
         try:
             return status, json.loads(raw) if raw else None
@@ -142,6 +145,56 @@ class Rig:
         status, doc = self.http("/v1/models")
         data = doc.get("data") if isinstance(doc, dict) else None
         return status, [str(m.get("id", "")) for m in data or [] if isinstance(m, dict)]
+
+    def ask(self, model: str, prompt: str, max_tokens: int, timeout: float) -> dict:
+        """One user message to ``model``: the answer (naming a reply that is reasoning only), and in words."""
+        body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens}
+        status, doc = self.http("/v1/chat/completions", body, timeout=timeout)
+        choices = doc.get("choices") if isinstance(doc, dict) else None
+        if status != 200 or not choices or not isinstance(choices[0], dict):
+            why = f"nothing answered: {self.error}" if status == -1 else f"status {status}"
+            raise RigctlError(
+                f"{model} is listed on {self.url}/v1/models but a chat completion failed ({why})"
+            )
+        message = choices[0].get("message") or {}
+        answer = str(message.get("content") or "").strip()
+        reasoning = str(message.get("reasoning_content") or message.get("reasoning") or "")
+        usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else {}
+        out = {"model": doc.get("model"), "answer": answer, "reasoning_only": not answer and bool(reasoning),
+               "reasoning_chars": len(reasoning), "finish_reason": choices[0].get("finish_reason"),
+               "usage": usage, "answered_by": self.answered_by}  # fmt: skip
+        lines = [f"{out['model']}: {answer}"]
+        if out["reasoning_only"]:
+            lines.append(
+                f"(reasoning only: no answer within max_tokens={max_tokens}, finish_reason {out['finish_reason']})"
+            )
+        lines.append(f"tokens: {usage.get('prompt_tokens')} in, {usage.get('completion_tokens')} out")
+        return {**out, "lines": lines}
+
+
+def rig_endpoint() -> tuple[str, dict[str, str], Endpoint]:
+    """tpu.env (its path and its values) and the endpoint it names on this host."""
+    env_file = setting("env_file")
+    env = read_env(env_file)
+    if "RIG_PORT" not in env:
+        raise RigctlError(f"{env_file} has no RIG_PORT", EXIT_NO_CONFIG)
+    return env_file, env, Endpoint(f"http://127.0.0.1:{env['RIG_PORT']}", env.get("VLLM_API_KEY", ""))
+
+
+class Rig:
+    """The local service: its unit, its tpu.env and its endpoint."""
+
+    def __init__(self, unit: str) -> None:
+        if not unit:
+            raise RigctlError("rigctl has no unit setting: install it with site.yml", EXIT_NO_CONFIG)
+        self.unit = unit
+        self.props = unit_props(unit)
+        self.env_file, self.env, self.api = rig_endpoint()
+        self.url = self.api.url
+
+    def refresh(self) -> None:
+        """Read the unit's properties again (after a start or stop)."""
+        self.props = unit_props(self.unit)
 
 
 def code_checks() -> list[dict]:
@@ -211,9 +264,9 @@ def status(rig: Rig, expect_model: str = "") -> dict:
     else:
         swap = None
         lines.append("last swap: none journalled")
-    health, _ = rig.http("/health")
+    health, _ = rig.api.http("/health")
     lines.append(f"health: {'ok' if health == 200 else f'down ({health})'}")
-    models_status, served = rig.served()
+    models_status, served = rig.api.served()
     if served:
         model = served[0] + (f" (also answers to {', '.join(served[1:])})" if len(served) > 1 else "")
         if expect_model and expect_model not in served:
@@ -265,12 +318,13 @@ def host_lines() -> list[str]:
     return out
 
 
-def wait_ready(rig: Rig, timeout: float, restarts_before: int) -> str:
+def wait_ready(rig: Rig, args: argparse.Namespace, restarts_before: int, chat: dict | None) -> dict:
     """Wait until /v1/models lists the name tpu.env serves (swap.yml changes it, not the
-    inventory) and a short chat answers; fail at once when vLLM exits instead."""
+    inventory), or --model, then send ``chat`` ({prompt, max_tokens}) unless None; fail at once
+    when vLLM exits instead (a new automatic restart, or a unit that failed or stopped)."""
     rig.env = read_env(rig.env_file)
-    name = rig.env.get("RIG_SERVED_MODEL_NAME", "")
-    deadline = time.monotonic() + timeout
+    name = getattr(args, "model", None) or rig.env.get("RIG_SERVED_MODEL_NAME", "")
+    deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
         rig.refresh()
         restarts = int(rig.props.get("NRestarts") or 0)
@@ -280,14 +334,34 @@ def wait_ready(rig: Rig, timeout: float, restarts_before: int) -> str:
                 f"vLLM exited while starting (automatic restarts: {restarts}, unit: "
                 f"{rig.props.get('ActiveState')}); its last lines:\n{tail}"
             )
-        status, served = rig.served()
+        status, served = rig.api.served()
         if status == 200 and served and (not name or name in served):
-            chat, doc = rig.http("/v1/chat/completions", {"model": served[0], **READY_CHAT}, timeout=600)
-            if chat != 200 or not isinstance(doc, dict) or not doc.get("choices"):
-                raise RigctlError(f"{served[0]} is listed but a chat completion failed (status {chat})")
-            return served[0]
-        time.sleep(2)
-    raise RigctlError(f"{rig.unit} did not list {name or 'a model'} on /v1/models within {timeout:.0f} s")
+            said = chat and rig.api.ask(served[0], chat["prompt"], chat["max_tokens"], args.chat_timeout)
+            return {"build": served[0], "url": rig.url, "chat": said,
+                    "lines": [f"{rig.unit}: serving {served[0]} on {rig.url}"]}  # fmt: skip
+        time.sleep(POLL)
+    raise RigctlError(
+        f"{rig.unit} did not list {name or 'a model'} on /v1/models within {args.timeout:.0f} s"
+    )
+
+
+def read_request(max_tokens: int) -> dict:
+    """--request-stdin's JSON object {prompt[, max_tokens][, api_key]}: a prompt or a key never
+    needs to be an argument."""
+    try:
+        request = json.loads(sys.stdin.read())
+    except ValueError as exc:
+        raise RigctlError(f"--request-stdin: not one JSON object: {exc}", EXIT_USAGE) from None
+    if not isinstance(request, dict) or not isinstance(request.get("prompt"), str):
+        raise RigctlError('--request-stdin: want {"prompt": TEXT, "max_tokens": N}', EXIT_USAGE)
+    max_tokens = request.get("max_tokens", max_tokens)
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+        raise RigctlError(f"--request-stdin: max_tokens must be 0 or more, got {max_tokens!r}", EXIT_USAGE)
+    return {
+        "prompt": request["prompt"],
+        "max_tokens": max_tokens,
+        "api_key": str(request.get("api_key") or ""),
+    }
 
 
 def systemctl(*args: str) -> None:
@@ -309,9 +383,17 @@ def cmd_start(args: argparse.Namespace) -> dict:
     systemctl(args.command, args.unit)
     out = {"ok": True, "changed": args.command == "restart" or not was_active, "build": None, "url": rig.url}
     if args.no_wait:
-        return {**out, "lines": [f"{args.unit}: {args.command} requested"]}
-    out["build"] = wait_ready(rig, args.timeout, before)
-    return {**out, "lines": [f"{args.unit}: serving {out['build']} on {rig.url}"]}
+        return {**out, "chat": None, "lines": [f"{args.unit}: {args.command} requested"]}
+    return {**out, **wait_ready(rig, args, before, READY_CHAT)}
+
+
+def cmd_wait(args: argparse.Namespace) -> dict:
+    rig = Rig(args.unit)
+    chat = (
+        None if args.no_chat else read_request(READY_CHAT["max_tokens"]) if args.request_stdin else READY_CHAT
+    )
+    out = wait_ready(rig, args, int(rig.props.get("NRestarts") or 0), chat)
+    return {"ok": True, **out, "lines": out["lines"] + (out["chat"]["lines"] if chat else [])}
 
 
 def cmd_stop(args: argparse.Namespace) -> dict:
@@ -333,32 +415,20 @@ def cmd_logs(args: argparse.Namespace) -> dict:
 
 
 def cmd_query(args: argparse.Namespace) -> dict:
-    rig = Rig(args.unit)
-    status, served = rig.served()
+    request = (
+        read_request(args.max_tokens)
+        if args.request_stdin
+        else {"prompt": args.prompt, "max_tokens": args.max_tokens}
+    )
+    api = Endpoint(args.url, request.get("api_key", ""), args.ca_file) if args.url else rig_endpoint()[2]
+    status, served = api.served()
     if status != 200 or not served:
-        raise RigctlError(f"no model answering on {rig.url}/v1/models (status {status})")
-    body = {
-        "model": served[0],
-        "messages": [{"role": "user", "content": args.prompt}],
-        "max_tokens": args.max_tokens,
-    }
-    status, doc = rig.http("/v1/chat/completions", body, timeout=args.timeout)
-    choices = doc.get("choices") if isinstance(doc, dict) else None
-    if status != 200 or not choices or not isinstance(choices[0], dict):
-        raise RigctlError(f"the chat completion failed (status {status})")
-    message = choices[0].get("message") or {}
-    answer = str(message.get("content") or "").strip()
-    reasoning = str(message.get("reasoning_content") or message.get("reasoning") or "")
-    usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else {}
-    out = {"ok": True, "model": doc.get("model"), "answer": answer, "reasoning_only": not answer and bool(reasoning),
-           "reasoning_chars": len(reasoning), "finish_reason": choices[0].get("finish_reason"), "usage": usage}  # fmt: skip
-    lines = [f"{out['model']}: {answer}"]
-    if out["reasoning_only"]:
-        lines.append(
-            f"(reasoning only: no answer within max_tokens={args.max_tokens}, finish_reason {out['finish_reason']})"
-        )
-    lines.append(f"tokens: {usage.get('prompt_tokens')} in, {usage.get('completion_tokens')} out")
-    return {**out, "lines": lines}
+        why = f"nothing answered: {api.error}" if status == -1 else f"status {status}"
+        raise RigctlError(f"no model answering on {api.url}/v1/models ({why})")
+    out = api.ask(served[0], request["prompt"], request["max_tokens"], args.timeout)
+    if args.url:
+        out["lines"].append(f"answered by {api.answered_by or '?'} through {api.url}")
+    return {"ok": True, **out}
 
 
 def cmd_clamp(args: argparse.Namespace) -> dict:
@@ -405,20 +475,39 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--expect-model", default="", help="the build the inventory names: say when another serves"
     )
+
+    def wait_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--timeout", type=float, default=900, help="seconds to wait (default: %(default)s)")
+        p.add_argument(
+            "--chat-timeout", type=float, default=600, help="seconds the chat may take (default: %(default)s)"
+        )
+
+    def request_options(p: argparse.ArgumentParser, what: str) -> None:
+        p.add_argument("--request-stdin", action="store_true",
+                       help=f'read {what} from stdin as one JSON object {{"prompt": TEXT, "max_tokens": N}}')  # fmt: skip
+
     for name, what in (("start", "Start"), ("restart", "Restart")):
         p = add(name, f"{what} vLLM and wait until it answers /v1/models and a short chat", cmd_start)
-        p.add_argument("--timeout", type=float, default=900, help="seconds to wait (default: %(default)s)")
+        wait_options(p)
         p.add_argument("--no-wait", action="store_true", help="return once systemd has the request")
+    p = add("wait", "Wait until vLLM answers /v1/models and a short chat; fail at once if it exits", cmd_wait)
+    wait_options(p)
+    p.add_argument("--model", default="", help="the name /v1/models must list (default: tpu.env's)")
+    p.add_argument("--no-chat", action="store_true", help="do not send the chat")
+    request_options(p, "the chat")
     add("stop", "Stop vLLM", cmd_stop)
     p = add("logs", "The last lines of vLLM's journal", cmd_logs)
     p.add_argument("-n", "--lines", type=non_negative, default=50, help="how many (default: %(default)s)")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines (not with --json)")
     p = add("query", "Ask the served model one question", cmd_query)
-    p.add_argument("prompt", help="the user message")
+    p.add_argument("prompt", nargs="?", help="the user message (or --request-stdin)")
+    request_options(p, "the prompt (and, with --url, the API key as api_key)")
     p.add_argument(
         "--max-tokens", type=non_negative, default=512, help="default: %(default)s (Gemma 4 reasons first)"
     )
     p.add_argument("--timeout", type=float, default=600, help="seconds (default: %(default)s)")
+    p.add_argument("--url", help="ask this endpoint (a gateway) instead of this rig's")
+    p.add_argument("--ca-file", help="the CA certificate that --url's certificate must chain to")
     add(
         "clamp",
         "Run the code checks installed beside the unit: the Turing clamp present exactly once (T4, "
@@ -433,10 +522,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = top.parse_args(argv)
     if args.json and getattr(args, "follow", False):
         top.error("--follow does not go with --json")
+    if args.command == "query" and (args.prompt is None) is not args.request_stdin:
+        top.error("query takes a prompt or --request-stdin, one of them")
+    if args.command == "wait" and args.no_chat and args.request_stdin:
+        top.error("--no-chat does not go with --request-stdin")
     head = {"rigctl": SCHEMA, "command": args.command}
     try:
-        if not args.unit:
-            raise RigctlError("rigctl has no unit setting: install it with site.yml", EXIT_NO_CONFIG)
         result = args.func(args)
     except RigctlError as exc:
         print(f"rigctl: {exc}", file=sys.stderr)
