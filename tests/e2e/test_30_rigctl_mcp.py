@@ -49,6 +49,7 @@ def test_rigctl_help_names_every_subcommand(local_rig) -> None:
     for sub, words in (
         ("status", "KV cache tokens"),
         ("start", "wait until it answers"),
+        ("wait", "fail at once if it exits"),
         ("stop", "Stop vLLM"),
         ("restart", "Restart vLLM"),
         ("logs", "--follow"),
