@@ -443,14 +443,20 @@ def test_query_url_reads_the_key_from_stdin_and_names_the_rig_that_answered(caps
 
 
 @pytest.mark.parametrize(
-    ("argv", "stdin", "words"),
+    ("argv", "words"),
     [
-        (["query"], "", "query takes a prompt or --request-stdin, one of them"),
-        (["query", "hi", "--request-stdin"], "", "query takes a prompt or --request-stdin, one of them"),
-        (["wait", "--no-chat", "--request-stdin"], "", "--no-chat does not go with --request-stdin"),
+        (["query"], "one of the arguments prompt --request-stdin is required"),
+        (
+            ["query", "hi", "--request-stdin"],
+            "argument --request-stdin: not allowed with argument prompt",
+        ),
+        (
+            ["wait", "--no-chat", "--request-stdin"],
+            "argument --request-stdin: not allowed with argument --no-chat",
+        ),
     ],
 )
-def test_request_arguments_are_checked(capsys, argv, stdin, words) -> None:
+def test_request_arguments_are_checked(capsys, argv, words) -> None:
     with pytest.raises(SystemExit) as ex:
         rigctl.main(argv)
     assert ex.value.code == rigctl.EXIT_USAGE and words in capsys.readouterr().err

@@ -482,9 +482,7 @@ def parser() -> argparse.ArgumentParser:
             "--chat-timeout", type=float, default=600, help="seconds the chat may take (default: %(default)s)"
         )
 
-    def request_options(p: argparse.ArgumentParser, what: str) -> None:
-        p.add_argument("--request-stdin", action="store_true",
-                       help=f'read {what} from stdin as one JSON object {{"prompt": TEXT, "max_tokens": N}}')  # fmt: skip
+    stdin = 'read {} from stdin as one JSON object {{"prompt": TEXT, "max_tokens": N}}'
 
     for name, what in (("start", "Start"), ("restart", "Restart")):
         p = add(name, f"{what} vLLM and wait until it answers /v1/models and a short chat", cmd_start)
@@ -493,15 +491,18 @@ def parser() -> argparse.ArgumentParser:
     p = add("wait", "Wait until vLLM answers /v1/models and a short chat; fail at once if it exits", cmd_wait)
     wait_options(p)
     p.add_argument("--model", default="", help="the name /v1/models must list (default: tpu.env's)")
-    p.add_argument("--no-chat", action="store_true", help="do not send the chat")
-    request_options(p, "the chat")
+    one = p.add_mutually_exclusive_group()
+    one.add_argument("--no-chat", action="store_true", help="do not send the chat")
+    one.add_argument("--request-stdin", action="store_true", help=stdin.format("the chat"))
     add("stop", "Stop vLLM", cmd_stop)
     p = add("logs", "The last lines of vLLM's journal", cmd_logs)
     p.add_argument("-n", "--lines", type=non_negative, default=50, help="how many (default: %(default)s)")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines (not with --json)")
     p = add("query", "Ask the served model one question", cmd_query)
-    p.add_argument("prompt", nargs="?", help="the user message (or --request-stdin)")
-    request_options(p, "the prompt (and, with --url, the API key as api_key)")
+    one = p.add_mutually_exclusive_group(required=True)
+    one.add_argument("prompt", nargs="?", help="the user message")
+    one.add_argument("--request-stdin", action="store_true",
+                     help=stdin.format("the prompt (and, with --url, the API key as api_key)"))  # fmt: skip
     p.add_argument(
         "--max-tokens", type=non_negative, default=512, help="default: %(default)s (Gemma 4 reasons first)"
     )
@@ -522,10 +523,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = top.parse_args(argv)
     if args.json and getattr(args, "follow", False):
         top.error("--follow does not go with --json")
-    if args.command == "query" and (args.prompt is None) is not args.request_stdin:
-        top.error("query takes a prompt or --request-stdin, one of them")
-    if args.command == "wait" and args.no_chat and args.request_stdin:
-        top.error("--no-chat does not go with --request-stdin")
     head = {"rigctl": SCHEMA, "command": args.command}
     try:
         result = args.func(args)
