@@ -90,7 +90,9 @@ def test_bench_and_accuracy_find_the_project_without_group_vars(tmp_path: Path, 
     read = out.split("TASK [Read the project's paths", 1)[1].split("TASK", 1)[0]
     assert "ok: [r]" in read, out[-4000:]
     if playbook == "accuracy.yml":
-        assert "ok: [r -> localhost]" in out.split("TASK [accuracy : Find the data set on the controller]", 1)[1]
+        assert (
+            "ok: [r -> localhost]" in out.split("TASK [accuracy : Find the data set on the controller]", 1)[1]
+        )
         assert "TASK [accuracy : End here in check mode" in out
     else:
         assert "bench.yml would run 8 cells" in out
