@@ -1,12 +1,14 @@
 """Reading the inventory (and running a playbook) leaves nothing on disk: no decrypted vault value
 anywhere, and no ansible-runner directory holding the inventory (ansible_runner.get_inventory left
 one in $TMPDIR for good). The server reads ansible-inventory's stdout, and removes a run's private
-directory after it."""
+directory after it. The controller's copy of the rig's key is vault-encrypted in the inventory; the
+rig's own copy is in its tpu.env (a directory apart, as the rig's disk is), where rigctl reads it."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +16,13 @@ import anyio
 from mcp import Client
 
 from tests.fake_rig import FakeRig
-from tests.unit.mcp_stack import RIG, ROOT, isolated_env, stdio
+from tests.unit.mcp_stack import RIG, ROOT, installed_rigctl, isolated_env, stdio
 
 SECRET = "vault-decrypted-rig-api-key-7f3a9c"
 
 
-def vault_inventory(tmp_path: Path, port: int, password_file: Path) -> Path:
-    """One FakeRig whose rig_api_key is vault-encrypted, sent as the project's rig_api_headers does."""
+def vault_inventory(tmp_path: Path, rigctl: Path, port: int, password_file: Path) -> Path:
+    """One FakeRig whose rig_api_key is vault-encrypted, asked through an installed rigctl."""
     encrypted = subprocess.run(
         [
             str(ROOT / ".venv" / "bin" / "ansible-vault"),
@@ -46,6 +48,7 @@ def vault_inventory(tmp_path: Path, port: int, password_file: Path) -> Path:
         {RIG}:
           ansible_connection: local
           ansible_python_interpreter: {ROOT / ".venv" / "bin" / "python"}
+          rig_ctl: {rigctl}
           rig_listen_address: 127.0.0.1
           rig_port: {port}
           rig_smoke_prompt: hello
@@ -73,8 +76,9 @@ def test_no_decrypted_vault_value_is_left_on_disk(tmp_path: Path) -> None:
     password.write_text("correct horse battery staple\n")
     password.chmod(0o600)
     env = {**isolated_env(tmp_path), "ANSIBLE_VAULT_PASSWORD_FILE": str(password)}
-    with FakeRig("tiny-emb4") as rig:
-        inventory = vault_inventory(tmp_path, rig.port, password)
+    with FakeRig("tiny-emb4") as rig, tempfile.TemporaryDirectory() as rig_disk:
+        rigctl = installed_rigctl(Path(rig_disk), rig.port, key=SECRET)
+        inventory = vault_inventory(tmp_path, rigctl, rig.port, password)
         params = stdio(["-i", str(inventory), "--read-only"], env, cwd=tmp_path)
 
         async def go() -> tuple[Any, Any, list[str]]:
@@ -91,7 +95,7 @@ def test_no_decrypted_vault_value_is_left_on_disk(tmp_path: Path) -> None:
     assert not rigs.is_error, rigs.content[0].text
     assert [r["rig"] for r in rigs.structured_content["result"]] == [RIG]
     assert not answer.is_error, answer.content[0].text
-    # The vault really was decrypted and used: the rig got the key.
+    # The rig was asked with its key (from its tpu.env).
     assert {e["authorization"] for e in rig.log} == {f"Bearer {SECRET}"}
     # $TMPDIR (ansible-runner's directories), $HOME (~/.ansible) and the working directory.
     assert files_holding(tmp_path, SECRET.encode()) == []
