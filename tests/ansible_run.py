@@ -88,3 +88,14 @@ def run_playbook(
     )
     output = proc.stdout + proc.stderr
     return PlaybookRun(proc.returncode, output, time.monotonic() - started, parse_recap(proc.stdout))
+
+
+def module_docs(*modules: str) -> dict[str, dict]:
+    """``ansible-doc --json`` of the project's own modules (library/), as ansible.cfg resolves their
+    doc fragments; fails the test with ansible-doc's stderr when a module's docs do not render."""
+    result = subprocess.run(
+        [str(VENV_BIN / "ansible-doc"), "-M", "library", "--json", *modules],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)

@@ -7,7 +7,6 @@ and the unit runs what it wrote. No other copy exists to drift.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from pathlib import Path
@@ -15,7 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT, VENV_BIN
+from tests.ansible_run import module_docs
+from tests.conftest import ROOT
 from tests.unit.test_turing_clamp_module import playbook
 
 SOURCES = {
@@ -78,12 +78,7 @@ def test_the_unit_runs_what_the_role_installs() -> None:
 
 
 def test_ansible_doc_renders_the_checker_option() -> None:
-    result = subprocess.run(
-        [str(VENV_BIN / "ansible-doc"), "-M", "library", "--json", *SOURCES],
-        cwd=ROOT, capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    docs = json.loads(result.stdout)
+    docs = module_docs(*SOURCES)
     for module in SOURCES:
         assert {"checker", "owner", "group", "mode"} <= set(docs[module]["doc"]["options"]), module
         assert "checker" in docs[module]["return"] and "checker:" in docs[module]["examples"]

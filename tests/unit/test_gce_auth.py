@@ -4,11 +4,10 @@ and checked once (module_utils/gce_client.py cloud_module), the same in every mo
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
-from tests.conftest import ROOT, VENV_BIN
+from tests.ansible_run import module_docs
 from tests.fake_compute.harness import run_module
 
 MODULES = ("gce_instance", "gce_firewall", "tpu_node")
@@ -18,12 +17,7 @@ REQUIRED = {"project": "proj", "name": "n1", "zones": ["us-west4-a"], "source_ra
 
 
 def test_every_cloud_module_documents_the_auth_options_alike() -> None:
-    result = subprocess.run(
-        [str(VENV_BIN / "ansible-doc"), "-M", "library", "--json", *MODULES],
-        cwd=ROOT, capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    docs = json.loads(result.stdout)
+    docs = module_docs(*MODULES)
     for name in AUTH_OPTIONS:
         texts = {m: json.dumps(docs[m]["doc"]["options"][name], sort_keys=True) for m in MODULES}
         assert len(set(texts.values())) == 1, (name, texts)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -12,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, VENV_BIN
+from tests.ansible_run import module_docs
 from tests.fake_compute import FakeComputeServer, Faults
 from tests.fake_compute.harness import MODULES, run_module
 
@@ -56,12 +55,7 @@ def test_check_mode_changes_nothing(fake: FakeComputeServer) -> None:
 
 
 def test_ansible_doc_renders() -> None:
-    result = subprocess.run(
-        [str(VENV_BIN / "ansible-doc"), "-M", "library", "--json", "gce_firewall"],
-        cwd=ROOT, capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    doc = json.loads(result.stdout)["gce_firewall"]
+    doc = module_docs("gce_firewall")["gce_firewall"]
     assert {"source_ranges", "target_tags", "api_endpoint"} <= set(doc["doc"]["options"])
     assert "rule" in doc["return"]
 

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, VENV_BIN
+from tests.ansible_run import module_docs
 from tests.fake_compute import FakeComputeServer, Faults
 from tests.fake_compute.harness import run_module
 
@@ -261,15 +260,7 @@ def test_stop_and_start_states(fake: FakeComputeServer) -> None:
 
 
 def test_ansible_doc_renders() -> None:
-    result = subprocess.run(
-        [str(VENV_BIN / "ansible-doc"), "-M", "library", "--json", "gce_instance"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    doc = json.loads(result.stdout)["gce_instance"]
+    doc = module_docs("gce_instance")["gce_instance"]
     assert {"zones", "api_endpoint", "allow_stop", "provisioning_model"} <= set(doc["doc"]["options"])
     assert "zones_tried" in doc["return"] and "gce_instance:" in doc["examples"]
 
