@@ -33,13 +33,18 @@ def load(name: str) -> Any:
     return module
 
 
-MODULES = {n: load(n) for n in ("gce_instance", "gce_firewall", "tpu_node")}
+MODULES = {n: load(n) for n in ("gce_instance", "gce_firewall", "tpu_node", "rig_cost")}
 
 # Defaults that keep tests fast: tiny backoff, anonymous credentials.
 FAST = {"auth_kind": "anonymous", "retry_initial_delay": 0.01, "retry_deadline": 10, "operation_timeout": 20}
 FAST_FIREWALL = {"auth_kind": "anonymous", "operation_timeout": 20}
 FAST_TPU = dict(FAST, poll_interval=0.02, zone_wait=5)
-PRESETS = {"gce_instance": FAST, "gce_firewall": FAST_FIREWALL, "tpu_node": FAST_TPU}
+PRESETS = {
+    "gce_instance": FAST,
+    "gce_firewall": FAST_FIREWALL,
+    "tpu_node": FAST_TPU,
+    "rig_cost": {"auth_kind": "anonymous"},
+}
 
 
 def run_module(

@@ -34,9 +34,11 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from tests.fake_compute import catalog
 
@@ -102,9 +104,18 @@ def _last(value: str) -> str:
     return value.rstrip("/").rsplit("/", 1)[-1]
 
 
-def _now() -> str:
-    """RFC3339 with the offset the API uses (its timestamps are Pacific time)."""
-    return datetime.now(UTC).astimezone().isoformat(timespec="milliseconds")
+# The API writes every instance, disk, firewall and operation timestamp in US Pacific time with
+# its offset and milliseconds, never UTC with a Z: the reference calls them "RFC3339 text format"
+# (Instance.lastStartTimestamp, https://pub.dev/documentation/googleapis/latest/compute_v1/Instance/lastStartTimestamp.html),
+# and an instance read back from the real API (a us-west1 VM in a public gcloud dump) carries
+# "creationTimestamp": "2022-02-20T14:06:38.887-08:00", "lastStartTimestamp":
+# "2022-02-27T19:38:56.037-08:00" and "lastStopTimestamp": "2022-02-27T19:38:11.490-08:00".
+PACIFIC = ZoneInfo("America/Los_Angeles")
+
+
+def stamp(moment: datetime) -> str:
+    """``moment`` as the API writes a timestamp: Pacific time, milliseconds, the offset."""
+    return moment.astimezone(PACIFIC).isoformat(timespec="milliseconds")
 
 
 def fingerprint(value: Any) -> str:
@@ -182,6 +193,8 @@ class FakeCompute:
 
     def __init__(self, faults: Faults | None = None) -> None:
         self.faults = faults or Faults()
+        # What time the API thinks it is: a test fixes it to check figures read from timestamps.
+        self.clock: Callable[[], datetime] = lambda: datetime.now(UTC)
         self.lock = threading.RLock()
         self.instances: dict[tuple[str, str], dict[str, Any]] = {}
         self.disks: dict[tuple[str, str], dict[str, Any]] = {}
@@ -202,6 +215,9 @@ class FakeCompute:
         # hostkeys/ (tests may replace a value to play a guest whose keys changed, or a hostile one).
         self.host_keys: dict[str, dict[str, str]] = {}
         self._booted: dict[str, float] = {}
+
+    def now(self) -> str:
+        return stamp(self.clock())
 
     # ---- request log helpers for tests -------------------------------------------------------
     def mutating_requests(self) -> list[dict[str, Any]]:
@@ -237,7 +253,7 @@ class FakeCompute:
     def _operation(self, project: str, zone: str | None, kind: str, target: str, apply: Any) -> dict:
         name = f"operation-{int(time.time() * 1000)}-{next(self._ids)}"
         scope = f"projects/{project}/zones/{zone}" if zone else f"projects/{project}/global"
-        now = _now()
+        now = self.now()
         op = {
             "kind": "compute#operation",
             "id": str(next(self._ids)),
@@ -277,7 +293,7 @@ class FakeCompute:
                 )
             op["status"] = "DONE"
             op["progress"] = 100
-            op["endTime"] = _now()
+            op["endTime"] = self.now()
 
     def get_operation(self, name: str, scope: str = "") -> dict[str, Any]:
         """An operation; ``scope`` (projects/P/zones/Z or projects/P/global) names it in a 404."""
@@ -387,7 +403,7 @@ class FakeCompute:
             if error:
                 rollback()
                 return error
-            now = _now()
+            now = self.now()
             inst = self.instances[key]
             inst["status"] = "RUNNING"
             inst["lastStartTimestamp"] = now
@@ -709,7 +725,7 @@ class FakeCompute:
         name = body["name"]
         zone_path = f"projects/{project}/zones/{zone}"
         self_link = _url(f"{zone_path}/instances/{name}")
-        now = _now()
+        now = self.now()
         disks, created = [], []
         for index, disk in enumerate(body.get("disks") or []):
             if "source" in disk:
@@ -825,7 +841,7 @@ class FakeCompute:
         disk: dict[str, Any] = {
             "kind": "compute#disk",
             "id": str(next(self._ids)) + "5501",
-            "creationTimestamp": _now(),
+            "creationTimestamp": self.now(),
             "name": name,
             "sizeGb": str(size),
             "zone": _url(zone_path),
@@ -858,7 +874,7 @@ class FakeCompute:
                 key = (zone, _last(disk["source"]))
                 if key in self.disks:
                     self.disks[key]["users"] = [u for u in self.disks[key]["users"] if u != inst["selfLink"]]
-                    self.disks[key]["lastDetachTimestamp"] = _now()
+                    self.disks[key]["lastDetachTimestamp"] = self.now()
                     if disk["autoDelete"]:
                         del self.disks[key]
             self.instances.pop((zone, name), None)
@@ -942,10 +958,10 @@ class FakeCompute:
                     live["status"] = STOPPED
                     return _stockout(project, zone)
                 live["status"] = "RUNNING"
-                live["lastStartTimestamp"] = _now()
+                live["lastStartTimestamp"] = self.now()
             elif verb == "stop":
                 live["status"] = STOPPED
-                live["lastStopTimestamp"] = _now()
+                live["lastStopTimestamp"] = self.now()
             elif verb == "setMachineType":
                 live["machineType"] = _url(f"projects/{project}/zones/{zone}/machineTypes/{machine}")
             elif verb == "setMachineResources":
@@ -1050,7 +1066,10 @@ class FakeCompute:
                 "alreadyExists",
             )
         rule = _firewall_stored(
-            project, name, body, {"kind": "compute#firewall", "id": _uint64_id(), "creationTimestamp": _now()}
+            project,
+            name,
+            body,
+            {"kind": "compute#firewall", "id": _uint64_id(), "creationTimestamp": self.now()},
         )
 
         def apply() -> None:

@@ -36,6 +36,7 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -114,8 +115,10 @@ class Faults:
     hostkeys_delay: float = 0.0  # seconds after a node is READY before worker 0 publishes host keys
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+def stamp(moment: datetime) -> str:
+    """A google.protobuf.Timestamp in JSON, as the TPU API writes createTime: RFC 3339 in UTC with
+    a Z (https://protobuf.dev/programming-guides/json/, Timestamp)."""
+    return moment.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def _seconds(value: Any, where: str) -> int:
@@ -130,6 +133,8 @@ class FakeTpu:
 
     def __init__(self, faults: Faults | None = None) -> None:
         self.faults = faults or Faults()
+        # What time the API thinks it is: a test fixes it to check figures read from createTime.
+        self.clock: Callable[[], datetime] = lambda: datetime.now(UTC)
         self.lock = threading.RLock()
         self.queued: dict[tuple[str, str], dict[str, Any]] = {}  # (zone, id) -> resource
         self.nodes: dict[tuple[str, str], dict[str, Any]] = {}
@@ -145,6 +150,9 @@ class FakeTpu:
         self._ready_at: dict[str, float] = {}
 
     # ---- helpers --------------------------------------------------------------------------------
+    def now(self) -> str:
+        return stamp(self.clock())
+
     def requests(self, method: str, contains: str) -> list[dict[str, Any]]:
         return [r for r in self.log if r["method"] == method and contains in r["path"]]
 
@@ -163,7 +171,7 @@ class FakeTpu:
             "name": name,
             "metadata": {
                 "@type": f"type.googleapis.com/google.cloud.tpu.{version}.OperationMetadata",
-                "createTime": _now(),
+                "createTime": self.now(),
                 "target": target,
                 "verb": verb,
                 "cancelRequested": False,
@@ -187,7 +195,7 @@ class FakeTpu:
         op = entry["op"]
         if not op["done"] and time.monotonic() >= entry["done_at"]:
             op["done"] = True
-            op["metadata"]["endTime"] = _now()
+            op["metadata"]["endTime"] = self.now()
             if entry["error"]:
                 op["error"] = entry["error"]
             else:
@@ -273,7 +281,7 @@ class FakeTpu:
             raise ApiError(429, message, [{"@type": QUOTA_FAILURE,
                                            "violations": [{"subject": f"project:{project}", "description": message}]}])  # fmt: skip
         name = f"{parent}/queuedResources/{qr_id}"
-        resource = dict(body, name=name, createTime=_now(), state={"state": "CREATING"})
+        resource = dict(body, name=name, createTime=self.now(), state={"state": "CREATING"})
         if model != "PROVISIONING_MODEL_UNSPECIFIED":
             resource["provisioningModel"] = model
         if run is not None:
@@ -364,7 +372,7 @@ class FakeTpu:
             state="READY",
             health="HEALTHY",
             id=str(8000000000000000000 + uuid.uuid4().int % 10**18),  # unique across fakes, as the API's
-            createTime=_now(),
+            createTime=self.now(),
             apiVersion="V2",
             cidrBlock="10.182.0.0/20",
             networkConfig={
