@@ -357,6 +357,14 @@ class RigServer:
             "summary": summary_table(report.read_text()),
         }
 
+    async def cost(self, ctx: Context | None = None) -> dict[str, Any]:
+        """playbooks/cost.yml's report: every rig's and the fleet's figures, as the playbook made them."""
+        run = await self.play(ctx, "playbooks/cost.yml", "all,localhost")
+        doc = (run.result("Report the fleet's cost", "localhost") or {}).get("msg")
+        if not isinstance(doc, dict) or not isinstance(doc.get("fleet"), dict):
+            raise ToolError("cost.yml showed no fleet report")
+        return self.redact(doc)
+
 
 def clamp_state(rc: int | None, words: str) -> str:
     """The clamp check's outcome as one word: present once, absent, doubled, or unknown."""
@@ -392,6 +400,7 @@ TOOLS: dict[str, str] = {
     "check_capacity": "Whether a catalog build fits a rig: disk, memory, accelerator memory; names the binding term.",
     "verify_clamp": "The Turing clamp on a rig: present once, absent, doubled, or not used on this platform.",
     "bench": "Benchmark a rig (quick: one cell) and record the run; returns the summary table and the run's path.",
+    "cost": "What each cloud rig and the fleet cost this month: rates, hours run, month to date, projection (cost.yml).",
 }
 
 
@@ -596,6 +605,9 @@ def build(config: Config, runner: PlaybookRunner | None = None, token: str | Non
     ) -> dict[str, Any]:
         return await srv.bench(rig, quick, ctx)
 
+    async def cost(ctx: Context) -> dict[str, Any]:
+        return await srv.cost(ctx)
+
     for fn, name in (
         (list_rigs, "list_rigs"),
         (list_models, "list_models"),
@@ -609,6 +621,7 @@ def build(config: Config, runner: PlaybookRunner | None = None, token: str | Non
         (check_capacity, "check_capacity"),
         (verify_clamp, "verify_clamp"),
         (bench, "bench"),
+        (cost, "cost"),
     ):
         add(fn, name)
     return mcp
