@@ -5,7 +5,8 @@ fake rigs (tests/fake_rig.py) serving different models, with the role's own task
 self-signed certificate, `config` reads each rig's tpu.env and renders; its template task runs
 `haproxy -c` before a file is written). Then the real HAProxy runs that configuration here, and
 clients check what docs/gateway.md promises: the key at the edge (401 without it, never passed
-on), the model list, routing by `model`, streams that pass unbuffered, health checks, and
+on), the model list, routing by `model`, streams that pass unbuffered, health checks, requests
+a dying rig left unanswered sent to the other (and a stream it cut, an error the SDK raises), and
 gateway-ctl's drain, route and ready through the runtime API.
 """
 
@@ -17,10 +18,12 @@ import signal
 import socket
 import ssl
 import statistics
+import struct
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -30,7 +33,7 @@ import yaml
 
 from tests.ansible_run import run_playbook
 from tests.conftest import ROOT, VENV_BIN
-from tests.fake_rig import FakeRig
+from tests.fake_rig import FakeRig, chunk_body
 
 KEY = "sk-gw-unit-0123456789abcdef"  # a test-only key
 RIG_KEY = "sk-rig-unit-0123456789abcdef"
@@ -156,6 +159,9 @@ def test_rendered_files(gateway: Gateway) -> None:
     assert "balance leastconn" in cfg and "option httpchk GET /health" in cfg
     assert "default-server inter 1s fall 2 rise 1" in cfg
     assert "option http-buffer-request" in cfg
+    # Retried: what a dying rig leaves unanswered; never a timeout, a 500 or a garbled answer.
+    retry = ["retries 2", "retry-on conn-failure empty-response 502 503 504", "option redispatch 1"]
+    assert "\n    ".join(retry) in cfg
     # one backend per model: the two served and the extra one, each rig routed only for its own
     for model in ("tiny-emb4", "tiny-w8a8", "tiny-w4a16"):
         assert f"backend model_{model}\n" in cfg
@@ -385,6 +391,139 @@ def test_a_failing_rig_is_taken_out(gateway: Gateway) -> None:
     while not gateway.status()["fake-b"]["state"].startswith("UP"):
         assert time.monotonic() < deadline, gateway.status()
         time.sleep(0.1)
+
+
+class DyingRig:
+    """A rig whose vLLM dies on the request it gets: its /health answers (the checks have not seen
+    it die yet), and every other request gets ``reply`` (nothing, a status line, a stream's start),
+    then the connection closed, or reset as the kernel resets a killed process's socket."""
+
+    def __init__(self, reply: bytes, reset: bool) -> None:
+        self.reply, self.reset, self.hits = reply, reset, 0
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:  # closed
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                if not (data := conn.recv(65536)):
+                    return
+                head += data
+            if head.startswith(b"GET /health "):
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                return
+            self.hits += 1
+            conn.sendall(self.reply)
+            if self.reset:
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+def point_fake_b(gateway: Gateway, backend: str, port: int) -> None:
+    """Send fake-b's requests in ``backend`` to ``port`` (the runtime API)."""
+    with socket.socket(socket.AF_UNIX) as admin:
+        admin.connect(str(gateway.socket))
+        admin.sendall(f"set server {backend}/fake-b addr 127.0.0.1 port {port}\n".encode())
+        reply = admin.makefile().read()
+    assert "port changed" in reply, reply
+
+
+@contextmanager
+def fake_b_replaced(gateway: Gateway, backend: str, rig: DyingRig) -> Iterator[None]:
+    """fake-b in ``backend`` is ``rig`` meanwhile."""
+    point_fake_b(gateway, backend, rig.port)
+    try:
+        yield
+    finally:
+        point_fake_b(gateway, backend, gateway.rigs["fake-b"].port)
+        rig.server.close()
+
+
+def status_only(status: int) -> bytes:
+    return f"HTTP/1.1 {status} Dying\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".encode()
+
+
+@pytest.mark.parametrize(
+    "reply,reset,retried",
+    [
+        (b"", True, True),  # SIGKILL: the request unread, the socket reset
+        (b"", False, True),  # the request read, the socket closed
+        (status_only(502), False, True),
+        (status_only(503), False, True),
+        (status_only(504), False, True),
+        (status_only(500), False, False),  # the request may be what broke it: not sent to the next
+    ],
+    ids=["reset", "closed", "502", "503", "504", "500"],
+)
+def test_a_request_a_dying_rig_left_unanswered_is_answered_by_another(
+    gateway: Gateway, reply: bytes, reset: bool, retried: bool
+) -> None:
+    """Requests with no model (any rig) while fake-b dies on each one it gets: HAProxy sends each
+    again to fake-a, and the client sees only fake-a's answers; a 500 is passed on as it is."""
+    put_back(gateway)
+    dying = DyingRig(reply, reset)
+    with fake_b_replaced(gateway, "be_default", dying), gateway.client() as client:
+        answers = [client.post("/v1/chat/completions", json={"messages": []}) for _ in range(4)]
+    got = [(r.status_code, r.headers.get("x-gemma-rig")) for r in answers]
+    assert dying.hits >= 1, got
+    if retried:
+        assert got == [(200, "fake-a")] * 4
+    else:
+        assert sorted(got) == sorted([(200, "fake-a")] * (4 - dying.hits) + [(500, "fake-b")] * dying.hits)
+
+
+def test_a_request_larger_than_the_buffer_is_not_retried(gateway: Gateway) -> None:
+    """HAProxy replays only a request it holds whole: one past tune.bufsize (gateway_bufsize) that
+    a dying rig leaves unanswered fails (a 502, or the connection closed while the body still went
+    in), whichever rigs are up."""
+    put_back(gateway)
+    dying = DyingRig(b"", reset=True)
+    cfg = (gateway.etc / "haproxy.cfg").read_text()
+    bufsize = int(cfg.split("tune.bufsize ", 1)[1].split()[0])
+    body = {"messages": [{"role": "user", "content": "a" * bufsize}]}
+    got = []
+    with fake_b_replaced(gateway, "be_default", dying):
+        for _ in range(4):
+            with gateway.client() as client:
+                try:
+                    got.append(client.post("/v1/chat/completions", json=body).status_code)
+                except httpx.TransportError as exc:  # the body still going in when the rig died
+                    got.append(type(exc).__name__)
+    assert dying.hits >= 1 and got.count(200) == 4 - dying.hits, got
+
+
+@pytest.mark.parametrize("reset", [False, True], ids=["closed", "reset"])
+def test_a_stream_a_dying_rig_cut_is_an_error_the_sdk_raises(gateway: Gateway, reset: bool) -> None:
+    """A stream that has begun cannot be replayed: when its rig dies, the official SDK (its own
+    defaults, retries included) raises after the events that came, rather than ending the answer
+    as if it were whole. HAProxy cuts the client's connection before the chunked body's end."""
+    put_back(gateway)
+    event = b"data: " + json.dumps(chunk_body("tiny-w8a8", {"content": "Par"})).encode() + b"\n\n"
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    dying = DyingRig(head + f"{len(event):x}\r\n".encode() + event + b"\r\n", reset)
+    http = openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=str(gateway.cert)))
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=KEY, http_client=http)
+    got = []
+    with fake_b_replaced(gateway, "model_tiny-w8a8", dying):
+        stream = client.chat.completions.create(
+            model="tiny-w8a8", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        with pytest.raises(openai.APIConnectionError) as raised:
+            got.extend(stream)
+    assert [c.choices[0].delta.content for c in got] == ["Par"]
+    cause = raised.value.__cause__
+    # httpx's words for a chunked body without its last chunk
+    assert type(cause).__name__ == "RemoteProtocolError" and "incomplete chunked read" in str(cause), cause
+    assert dying.hits == 1  # neither HAProxy nor the SDK sent it again
 
 
 def test_the_openai_sdk_streams_through_the_gateway(gateway: Gateway) -> None:
