@@ -263,15 +263,18 @@ class RigServer:
             ctx, "playbooks/query.yml", "Ask rigctl", target, {"prompt": prompt, "max_tokens": max_tokens}
         )
         answer = str(doc.get("answer") or "")
+        # A call the model made is its answer, not an empty one: shown as rigctl read it, never run.
+        calls = [c for c in doc.get("tool_calls") or [] if isinstance(c, dict)]
         result = {
             "rig": target,
             "model": doc.get("model") or "",
             "answer": answer,
+            "tool_calls": [{k: str(c.get(k) or "") for k in ("id", "name", "arguments")} for c in calls],
             "finish_reason": doc.get("finish_reason"),
             "usage": doc.get("usage") or {},
-            "reasoning_only": not answer,
+            "reasoning_only": not answer and not calls,
         }
-        if not answer:
+        if result["reasoning_only"]:
             reasoning = doc.get("reasoning_chars") or 0
             result["note"] = f"reasoning only: no answer within max_tokens ({max_tokens}); raise it" + (
                 f" (reasoning so far: {reasoning} characters)" if reasoning else ""

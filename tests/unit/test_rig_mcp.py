@@ -320,11 +320,12 @@ def test_the_server_serves_streamable_http_behind_a_flag(repo_root: Path) -> Non
         server.wait(timeout=30)
 
 
-def chat_run(content: str | None, reasoning: str) -> PlayRun:
+def chat_run(content: str | None, reasoning: str, calls: list | None = None) -> PlayRun:
     """query.yml's results as ansible-runner reports them: rigctl's query report on stdout."""
     answer = (content or "").strip()
     doc = {"rigctl": RIGCTL_SCHEMA, "command": "query", "ok": True, "model": "tiny-emb4", "answer": answer,
-           "reasoning_only": not answer and bool(reasoning), "reasoning_chars": len(reasoning),
+           "reasoning_only": not answer and not calls and bool(reasoning), "reasoning_chars": len(reasoning),
+           "tool_calls": calls or [],
            "finish_reason": "length", "usage": {"prompt_tokens": 9, "completion_tokens": 32},
            "answered_by": None, "lines": [f"tiny-emb4: {answer}"]}  # fmt: skip
     return PlayRun(
@@ -350,6 +351,17 @@ def test_query_flags_a_reply_that_is_reasoning_only(tmp_path) -> None:
     runner = FakeRunner({"playbooks/query.yml": chat_run("Paris", "Let me think")})
     got = call(Config(lock_dir=tmp_path), runner, "query", {"prompt": "Capital of France?"})
     assert got.structured_content["reasoning_only"] is False and got.structured_content["answer"] == "Paris"
+
+
+def test_query_reports_a_tool_call_the_model_made_not_an_empty_answer(tmp_path) -> None:
+    name = "get_capital{{ 7*7 }}$(touch x)"
+    calls = [{"id": "c1", "name": name, "arguments": "{\"country\": \"{{ lookup('pipe', 'id') }}\"}"}]
+    runner = FakeRunner({"playbooks/query.yml": chat_run(None, "", calls)})
+    got = call(
+        Config(lock_dir=tmp_path), runner, "query", {"prompt": "Capital of France?"}
+    ).structured_content
+    assert (got["answer"], got["reasoning_only"], got["tool_calls"]) == ("", False, calls)
+    assert "note" not in got
 
 
 def capacity_run(disk_free: int, mem_total: int = 8 * capacity.GIB, served: str = "tiny-emb4") -> PlayRun:

@@ -403,8 +403,24 @@ class Gateway:
                 gw.requests.append(
                     {"path": self.path, "authorization": self.headers.get("Authorization"), **body}
                 )
+                # With tools: the call vLLM's parser makes of the first tool, its name and arguments as given.
+                calls = (
+                    [
+                        {
+                            "id": "c1",
+                            "type": "function",
+                            "function": {
+                                "name": body["tools"][0]["function"]["name"],
+                                "arguments": HOSTILE_ARGS,
+                            },
+                        }
+                    ]
+                    if body.get("tools")
+                    else None
+                )
                 self._send(chat_status, {"model": "m", "usage": {}, "choices": [
-                    {"finish_reason": "length", "message": {"content": "", "reasoning_content": "hmm"}}]})  # fmt: skip
+                    {"finish_reason": "tool_calls" if calls else "length",
+                     "message": {"content": "", "reasoning_content": "hmm", "tool_calls": calls}}]})  # fmt: skip
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}"
@@ -442,6 +458,30 @@ def test_query_url_reads_the_key_from_stdin_and_names_the_rig_that_answered(caps
     assert code == 1 and doc["error"].startswith("cannot use the CA file /nonexistent/ca.crt: ")
 
 
+HOSTILE_ARGS = json.dumps({"country": HOSTILE + "\x1b[2J\n"})
+
+
+def test_query_passes_tools_and_schema_and_reports_the_call_the_model_made(capsys, monkeypatch) -> None:
+    """A tool call is what the model answered, not "reasoning only"; rigctl runs nothing, and a
+    hostile name or arguments stay data (JSON-quoted in the lines: no escape reaches a terminal)."""
+    gw = Gateway()
+    name = HOSTILE + "\n\x1b[31m"
+    tools = [{"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}]
+    schema = {"type": "json_schema", "json_schema": {"name": "capital", "schema": {"type": "object"}}}
+    _stdin(monkeypatch, {"prompt": "hi", "tools": tools, "response_format": schema})
+    code, doc = rigctl_json(capsys, "query", "--request-stdin", "--url", gw.url)
+    assert code == 0 and (gw.requests[-1]["tools"], gw.requests[-1]["response_format"]) == (tools, schema)
+    assert doc["tool_calls"] == [{"id": "c1", "name": name, "arguments": HOSTILE_ARGS}]
+    assert (doc["answer"], doc["reasoning_only"], doc["finish_reason"]) == ("", False, "tool_calls")
+    assert doc["lines"][1] == f"tool call (not run): {json.dumps(name)} {json.dumps(HOSTILE_ARGS)}"
+    assert not [c for line in doc["lines"] for c in line if ord(c) < 32]
+    assert not Path("MARKER").exists()
+    _stdin(monkeypatch, {"prompt": "hi"})
+    code, doc = rigctl_json(capsys, "query", "--request-stdin", "--url", gw.url)
+    assert "tools" not in gw.requests[-1] and "response_format" not in gw.requests[-1]
+    assert doc["tool_calls"] == [] and doc["reasoning_only"] is True
+
+
 @pytest.mark.parametrize(
     ("argv", "words"),
     [
@@ -468,6 +508,9 @@ def test_request_arguments_are_checked(capsys, argv, words) -> None:
         ("not json", "--request-stdin: not one JSON object"),
         ('["hi"]', '--request-stdin: want {"prompt": TEXT, "max_tokens": N}'),
         ('{"prompt": "hi", "max_tokens": -1}', "--request-stdin: max_tokens must be 0 or more, got -1"),
+        ('{"prompt": "hi", "tools": "get_capital"}', "--request-stdin: tools must be a list of objects"),
+        ('{"prompt": "hi", "tools": [1]}', "--request-stdin: tools must be a list of objects"),
+        ('{"prompt": "hi", "response_format": "json"}', "--request-stdin: response_format must be an object"),
     ],
 )
 def test_a_bad_request_on_stdin_is_a_usage_error(capsys, monkeypatch, stdin, words) -> None:

@@ -146,9 +146,14 @@ class Endpoint:
         data = doc.get("data") if isinstance(doc, dict) else None
         return status, [str(m.get("id", "")) for m in data or [] if isinstance(m, dict)]
 
-    def ask(self, model: str, prompt: str, max_tokens: int, timeout: float) -> dict:
-        """One user message to ``model``: the answer (naming a reply that is reasoning only), and in words."""
-        body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens}
+    def ask(
+        self, model: str, prompt: str, max_tokens: int, timeout: float, agent: dict | None = None
+    ) -> dict:
+        """One user message to ``model``, with ``agent``'s tools and response_format when given: the
+        answer (naming a reply that is reasoning only), the tool calls the model made (not run
+        here), and in words."""
+        body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+                **(agent or {})}  # fmt: skip
         status, doc = self.http("/v1/chat/completions", body, timeout=timeout)
         choices = doc.get("choices") if isinstance(doc, dict) else None
         if status != 200 or not choices or not isinstance(choices[0], dict):
@@ -160,16 +165,28 @@ class Endpoint:
         answer = str(message.get("content") or "").strip()
         reasoning = str(message.get("reasoning_content") or message.get("reasoning") or "")
         usage = doc.get("usage") if isinstance(doc.get("usage"), dict) else {}
-        out = {"model": doc.get("model"), "answer": answer, "reasoning_only": not answer and bool(reasoning),
-               "reasoning_chars": len(reasoning), "finish_reason": choices[0].get("finish_reason"),
+        calls = tool_calls(message)
+        out = {"model": doc.get("model"), "answer": answer,
+               "reasoning_only": not answer and not calls and bool(reasoning),
+               "reasoning_chars": len(reasoning), "tool_calls": calls, "finish_reason": choices[0].get("finish_reason"),
                "usage": usage, "answered_by": self.answered_by}  # fmt: skip
         lines = [f"{out['model']}: {answer}"]
+        # A name or arguments the model wrote are data: JSON-quoted, no control character reaches a terminal.
+        lines += [f"tool call (not run): {json.dumps(c['name'])} {json.dumps(c['arguments'])}" for c in calls]
         if out["reasoning_only"]:
             lines.append(
                 f"(reasoning only: no answer within max_tokens={max_tokens}, finish_reason {out['finish_reason']})"
             )
         lines.append(f"tokens: {usage.get('prompt_tokens')} in, {usage.get('completion_tokens')} out")
         return {**out, "lines": lines}
+
+
+def tool_calls(message: dict) -> list[dict[str, str]]:
+    """The function calls an answer holds ({id, name, arguments}: arguments as the model's JSON text)."""
+    calls = message.get("tool_calls") if isinstance(message, dict) else None
+    functions = [(c, c.get("function")) for c in calls or [] if isinstance(c, dict)]
+    return [{"id": str(c.get("id") or ""), "name": str(f.get("name") or ""), "arguments": str(f.get("arguments") or "")}
+            for c, f in functions if isinstance(f, dict)]  # fmt: skip
 
 
 def rig_endpoint() -> tuple[str, dict[str, str], Endpoint]:
@@ -346,8 +363,9 @@ def wait_ready(rig: Rig, args: argparse.Namespace, restarts_before: int, chat: d
 
 
 def read_request(max_tokens: int) -> dict:
-    """--request-stdin's JSON object {prompt[, max_tokens][, api_key]}: a prompt or a key never
-    needs to be an argument."""
+    """--request-stdin's JSON object {prompt[, max_tokens][, api_key][, tools][, response_format]}:
+    a prompt or a key never needs to be an argument. tools (a list of objects) and response_format
+    (an object) go to the chat completion as they came, for vLLM to check."""
     try:
         request = json.loads(sys.stdin.read())
     except ValueError as exc:
@@ -357,10 +375,17 @@ def read_request(max_tokens: int) -> dict:
     max_tokens = request.get("max_tokens", max_tokens)
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
         raise RigctlError(f"--request-stdin: max_tokens must be 0 or more, got {max_tokens!r}", EXIT_USAGE)
+    tools, response_format = request.get("tools"), request.get("response_format")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise RigctlError("--request-stdin: tools must be a list of objects", EXIT_USAGE)
+    if response_format is not None and not isinstance(response_format, dict):
+        raise RigctlError("--request-stdin: response_format must be an object", EXIT_USAGE)
+    agent = {"tools": tools, "response_format": response_format}
     return {
         "prompt": request["prompt"],
         "max_tokens": max_tokens,
         "api_key": str(request.get("api_key") or ""),
+        "agent": {k: v for k, v in agent.items() if v is not None},
     }
 
 
@@ -425,7 +450,7 @@ def cmd_query(args: argparse.Namespace) -> dict:
     if status != 200 or not served:
         why = f"nothing answered: {api.error}" if status == -1 else f"status {status}"
         raise RigctlError(f"no model answering on {api.url}/v1/models ({why})")
-    out = api.ask(served[0], request["prompt"], request["max_tokens"], args.timeout)
+    out = api.ask(served[0], request["prompt"], request["max_tokens"], args.timeout, request.get("agent"))
     if args.url:
         out["lines"].append(f"answered by {api.answered_by or '?'} through {api.url}")
     return {"ok": True, **out}
@@ -502,7 +527,7 @@ def parser() -> argparse.ArgumentParser:
     one = p.add_mutually_exclusive_group(required=True)
     one.add_argument("prompt", nargs="?", help="the user message")
     one.add_argument("--request-stdin", action="store_true",
-                     help=stdin.format("the prompt (and, with --url, the API key as api_key)"))  # fmt: skip
+                     help=stdin.format("the prompt (and tools, response_format; with --url, the API key as api_key)"))  # fmt: skip
     p.add_argument(
         "--max-tokens", type=non_negative, default=512, help="default: %(default)s (Gemma 4 reasons first)"
     )
