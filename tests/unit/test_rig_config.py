@@ -36,6 +36,21 @@ CONTRACT_KEYS = [
 ]
 
 
+VLLM_VARS = yaml.safe_load((ROOT / "inventory" / "group_vars" / "all" / "vllm.yml").read_text())
+CATALOG = yaml.safe_load((ROOT / "inventory" / "group_vars" / "all" / "models.yml").read_text())["rig_models"]
+
+
+def feature_words(model: str, platform: str) -> list[str]:
+    """The agent flags a build gets, as the one table (rig_vllm_feature_flags) words them."""
+    profile = yaml.safe_load((ROOT / "inventory" / "group_vars" / f"{platform}.yml").read_text())
+    words: list[str] = []
+    for feature in CATALOG[model].get("template_carries", []):
+        if feature in profile["rig_vllm_features"]:
+            for flag, value in VLLM_VARS["rig_vllm_feature_flags"][feature].items():
+                words += [f"--{flag}"] + ([] if value is True else [str(value)])
+    return words
+
+
 def parse_env(text: str) -> dict[str, str]:
     """KEY=VALUE lines as systemd's EnvironmentFile= reads them (double quotes stripped)."""
     env = {}
@@ -122,7 +137,7 @@ def test_local_renders_contract_keys_mode_and_restarts(tmp_path: Path) -> None:
     assert (env["RIG_HOST"], env["RIG_PORT"]) == ("127.0.0.1", "8000")
     assert env["RIG_DTYPE"] == "bfloat16"
     assert env["RIG_KV_CACHE_MEMORY_BYTES"] == "268435456"
-    assert env["RIG_EXTRA_ARGS"].split() == ["--enforce-eager"]
+    assert env["RIG_EXTRA_ARGS"].split() == [*feature_words("tiny-emb4", "local"), "--enforce-eager"]
     assert env["HF_HUB_OFFLINE"] == "1"
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # the profile's environment, under the user's
     assert stat.S_IMODE(rig.env_file.stat().st_mode) == 0o640
@@ -148,7 +163,7 @@ def test_gce_values_and_model_args(tmp_path: Path) -> None:
     assert float(env["RIG_GPU_MEMORY_UTILIZATION"]) == 0.90
     assert (env["RIG_MAX_MODEL_LEN"], env["RIG_MAX_NUM_SEQS"]) == ("16384", "8")
     assert env["RIG_SPECULATIVE_CONFIG"] == '{"method":"ngram","n":4}'
-    assert env["RIG_EXTRA_ARGS"].split() == ["--language-model-only"]
+    assert env["RIG_EXTRA_ARGS"].split() == ["--language-model-only", *feature_words("google-w4a16", "gce")]
 
 
 def test_change_keeps_previous_as_prev(tmp_path: Path) -> None:
@@ -226,6 +241,99 @@ def test_bad_input_fails_naming_variable(tmp_path: Path, var: str, value: Any, n
     assert rc != 0
     assert needle in out
     assert rig.env_file.read_bytes() == before
+
+
+def test_agent_flags_come_from_one_table_and_only_for_builds_that_carry_them(tmp_path: Path) -> None:
+    """The parsers are named once (rig_vllm_feature_flags): a renamed parser there is what tpu.env
+    gets; a build whose template carries nothing gets no agent flag, so vLLM answers tools with 400."""
+    rig = Rig(tmp_path, platform="tpu")
+    table = {"tools": {"enable-auto-tool-choice": True, "tool-call-parser": "parser-a"},
+             "reasoning": {"reasoning-parser": "parser-b"}}  # fmt: skip
+    rc, _, out = rig.run(rig_vllm_feature_flags=table)
+    assert rc == 0, out
+    words = parse_env(rig.env_file.read_text())["RIG_EXTRA_ARGS"].split()
+    assert words == [
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "parser-a",
+        "--reasoning-parser",
+        "parser-b",
+    ]
+    assert feature_words("w8a8", "tpu") == [
+        w.replace("parser-a", "gemma4").replace("parser-b", "gemma4") for w in words
+    ]
+
+    plain = {**CATALOG["w8a8"], "template_carries": []}
+    rc, _, out = rig.run(rig_models={**CATALOG, "w8a8": plain})
+    assert rc == 0, out
+    assert parse_env(rig.env_file.read_text())["RIG_EXTRA_ARGS"] == ""
+    # A platform that turns reasoning off keeps tool calls.
+    rc, _, out = rig.run(rig_vllm_features=["tools"])
+    assert rc == 0, out
+    assert "--reasoning-parser" not in parse_env(rig.env_file.read_text())["RIG_EXTRA_ARGS"]
+
+
+def _vllm_renderer(extra_args: str):
+    """vLLM 0.29.0's chat renderer as ``vllm serve`` sets it up from RIG_EXTRA_ARGS, up to the
+    tokenizer (which a request with tools is refused before)."""
+    import shlex
+    import types
+
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.parser.parser_manager import ParserManager
+    from vllm.renderers.online_renderer import OnlineRenderer
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(["--model", "x", *shlex.split(extra_args)])
+    renderer = object.__new__(OnlineRenderer)
+    renderer.enable_auto_tools, renderer.use_harmony = args.enable_auto_tool_choice, False
+    renderer.renderer = types.SimpleNamespace(tokenizer=None)
+    renderer.parser = ParserManager.get_parser(
+        tool_parser_name=args.tool_call_parser,
+        reasoning_parser_name=args.reasoning_parser,
+        enable_auto_tools=args.enable_auto_tool_choice,
+        model_name="x",
+    )
+    return renderer
+
+
+@pytest.mark.vllm
+def test_vllm_takes_the_agent_flags_and_refuses_tools_without_them() -> None:
+    """The table's parser names are vLLM 0.29.0's own (the golden tpu rig's RIG_EXTRA_ARGS parse into
+    its Gemma 4 parsers); a build with no agent flags (RIG_EXTRA_ARGS empty, as above) gets a 400
+    naming the flags for a request with tools, never an answer that ignored them."""
+    import asyncio
+
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    extra = parse_env((ROOT / "tests" / "golden" / "tpu" / "tpu.env").read_text())["RIG_EXTRA_ARGS"]
+    parser = _vllm_renderer(extra).parser
+    assert parser is not None and parser.tool_parser_cls.__name__ == "Gemma4EngineToolParser"
+    assert parser.reasoning_parser_cls.__name__.startswith("Gemma4")
+    tools = [{"type": "function", "function": {"name": "get_capital", "parameters": {"type": "object"}}}]
+    request = ChatCompletionRequest(model="x", messages=[{"role": "user", "content": "hi"}], tools=tools)
+    refused = asyncio.run(_vllm_renderer("").render_chat(request))
+    assert refused.error.code == 400
+    assert "--enable-auto-tool-choice and --tool-call-parser" in refused.error.message
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "needle"),
+    [
+        ("rig_vllm_features", ["tools", "telepathy"], "rig_vllm_features: telepathy is no feature"),
+        ("rig_vllm_feature_flags", {"tools": {"tool-call-parser": "gemma4 --trust-remote-code"}},
+         "tool-call-parser: not true or one word"),
+        ("rig_vllm_feature_flags", {"tools": {"tool-call-parser": ["a"]}}, "tool-call-parser: not true or one word"),
+        ("rig_vllm_feature_flags", {"tools": {"--x; rm": True}}, "--x; rm: not a flag name"),
+        ("rig_vllm_host_flags", {"reasoning-parser": "other"}, "reasoning-parser: also in rig_vllm_flags"),
+    ],
+)  # fmt: skip
+def test_bad_agent_features_fail_before_writing(tmp_path: Path, var: str, value: Any, needle: str) -> None:
+    rig = Rig(tmp_path)
+    rc, _, out = rig.run(**{var: value})
+    assert rc != 0
+    assert needle in out
+    assert not rig.env_file.exists()
 
 
 KEY = "sk-test-0123456789abcdef"
