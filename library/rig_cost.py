@@ -1,7 +1,7 @@
 #!/usr/bin/python
-# Copyright: gemma-rig contributors
-# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Ansible module: what one rig costs, read from the Compute Engine or Cloud TPU API."""
+
+# ruff: noqa: E402 - Ansible modules keep DOCUMENTATION/EXAMPLES/RETURN above the imports.
 
 from __future__ import annotations
 
@@ -130,15 +130,15 @@ report:
     now: {description: The moment reported., type: str, returned: success}
 """
 
-from datetime import UTC, datetime  # noqa: E402  (Ansible modules put their documentation first)
-from typing import Any  # noqa: E402
+from datetime import UTC, datetime
+from typing import Any
 
-from ansible.module_utils.basic import missing_required_lib  # noqa: E402
-from ansible.module_utils.gce_client import HAS_GOOGLE, IMPORT_ERROR, cloud_module, make_clients  # noqa: E402
-from ansible.module_utils.gce_errors import GceError, exception_to_error  # noqa: E402
-from ansible.module_utils.gce_operations import get_or_none  # noqa: E402
-from ansible.module_utils.gce_retry import make_retry  # noqa: E402
-from ansible.module_utils.rig_cost import CostError, gce_report, parse_time, resource_name, tpu_report  # noqa: E402
+from ansible.module_utils.basic import missing_required_lib
+from ansible.module_utils.gce_client import HAS_GOOGLE, IMPORT_ERROR, cloud_module, make_clients
+from ansible.module_utils.gce_errors import GceError, exception_to_error
+from ansible.module_utils.gce_operations import get_or_none
+from ansible.module_utils.gce_retry import make_retry
+from ansible.module_utils.rig_cost import CostError, gce_report, parse_time, resource_name, tpu_report
 
 
 def read_gce(p: dict[str, Any]) -> tuple[str, dict[str, Any] | None, list[dict[str, Any]]]:
