@@ -87,6 +87,7 @@ def build_run(meta: dict[str, Any], bench: dict[str, Any] | None, journal: str |
             "settings": bench.get("settings") or {},
             "cells": bench.get("cells") or [],
             "decode": bench.get("decode"),
+            "tools": bench.get("tools"),
         }
     if meta.get("accuracy"):
         run["accuracy"] = meta["accuracy"]
@@ -96,14 +97,15 @@ def build_run(meta: dict[str, Any], bench: dict[str, Any] | None, journal: str |
 def merge_bench(parts: list[dict[str, Any]]) -> dict[str, Any] | None:
     """One bench record from several runs of the bench client (playbooks/bench.yml runs one per cell).
 
-    Cells keep their order; the decode check comes from whichever part ran it.
+    Cells keep their order; the decode check and the tool workload come from whichever part ran them.
     """
     if not parts:
         return None
-    merged = {**parts[0], "cells": [], "decode": None}
+    merged = {**parts[0], "cells": [], "decode": None, "tools": None}
     for part in parts:
         merged["cells"].extend(part.get("cells") or [])
         merged["decode"] = part.get("decode") or merged["decode"]
+        merged["tools"] = part.get("tools") or merged["tools"]
     return merged
 
 

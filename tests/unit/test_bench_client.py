@@ -13,6 +13,7 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -51,6 +52,7 @@ def test_percentile() -> None:
 class _Stub(BaseHTTPRequestHandler):
     fail_after = 10**9
     served = 0
+    chats: ClassVar[list[dict]] = []
 
     def log_message(self, *args: object) -> None:
         pass
@@ -65,6 +67,9 @@ class _Stub(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).served += 1
+        if self.path == "/v1/chat/completions":
+            self._tool_call(req)
+            return
         if type(self).served > type(self).fail_after:
             self.send_response(500)
             self.send_header("Content-Length", "4")
@@ -79,10 +84,27 @@ class _Stub(BaseHTTPRequestHandler):
         usage = {"prompt_tokens": len(req["prompt"]), "completion_tokens": req["max_tokens"]}
         self.wfile.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode())
 
+    def _tool_call(self, req: dict) -> None:
+        """A call of the first tool offered, streamed in pieces as vLLM's parser streams it."""
+        type(self).chats.append(req)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        name = req["tools"][0]["function"]["name"]
+        parts = [{"index": 0, "id": "c1", "type": "function", "function": {"name": name, "arguments": ""}},
+                 {"index": 0, "function": {"arguments": '{"country": '}},
+                 {"index": 0, "function": {"arguments": '"France"}'}}]  # fmt: skip
+        for part in parts:
+            self.wfile.write(
+                f"data: {json.dumps({'choices': [{'delta': {'tool_calls': [part]}}]})}\n\n".encode()
+            )
+        usage = {"prompt_tokens": 20, "completion_tokens": 12}
+        self.wfile.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode())
+
 
 @pytest.fixture()
 def stub() -> Iterator[str]:
-    _Stub.served, _Stub.fail_after = 0, 10**9
+    _Stub.served, _Stub.fail_after, _Stub.chats = 0, 10**9, []
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_port}"
@@ -137,3 +159,53 @@ def test_vocab_from_model_dir(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"text_config": {"vocab_size": 262144}}))
     assert bench.vocab_from_model_dir(tmp_path) == 262144
     assert bench.vocab_from_model_dir(tmp_path / "nope") is None
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_capital", "parameters": {"type": "object"}}}]
+
+
+def test_tool_workload_reassembles_the_streamed_call_and_fits_the_run_schema(
+    stub: str, tmp_path: Path
+) -> None:
+    """--tool-runs beside the decode check: each run's call put together from the stream's pieces,
+    the prompt and tools sent as given, and the record a valid run.json's bench.tools."""
+    from evidence.report import build_run, validate
+
+    tools_file = tmp_path / "tools.json"
+    tools_file.write_text(json.dumps(TOOLS))
+    out = tmp_path / "b.json"
+    prompt = "-{{ x }} $(y) What is the capital of France?"
+    rc = bench.main(
+        ["--url", stub, "--no-sweep", "--decode-runs", "2", "--decode-output-len", "3", "--decode-input-len", "8",
+         "--tool-runs", "3", "--tools-file", str(tools_file), f"--tool-prompt={prompt}", "--vocab-size", "100",
+         "--out", str(out)]
+    )  # fmt: skip
+    assert rc == 0
+    rec = json.loads(out.read_text())
+    tools = rec["tools"]
+    assert (tools["status"], tools["with_tool_call"], len(tools["runs"])) == ("ok", 3, 3)
+    assert tools["runs"][0]["tool_calls"] == [{"name": "get_capital", "arguments": '{"country": "France"}'}]
+    assert tools["latency_ms"] > 0 and tools["runs"][0]["output_tokens"] == 12
+    assert [(c["messages"][0]["content"], c["tools"]) for c in _Stub.chats] == [(prompt, TOOLS)] * 3
+    run = build_run({"run_id": "tools", "date": "2026-12-03", "hardware": {"platform": "controller",
+                     "accelerator": "CPU"}, "model": {"key": "stub"}}, rec, None)  # fmt: skip
+    validate(run)
+    assert run["bench"]["tools"] == tools
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--tool-runs", "1"], "--tool-runs needs at least 2 runs, --tools-file and --tool-prompt"),
+        (["--tool-runs", "2", "--tool-prompt", "hi"], "--tool-runs needs at least 2 runs"),
+        (["--tool-runs", "2", "--tool-prompt", "hi", "--tools-file", "{dir}/bad.json"], "--tools-file: want"),
+    ],
+)
+def test_tool_workload_arguments_are_checked(tmp_path: Path, capsys, argv: list[str], words: str) -> None:
+    (tmp_path / "bad.json").write_text('{"not": "a list"}')
+    argv = [a.replace("{dir}", str(tmp_path)) for a in argv]
+    with pytest.raises(SystemExit):
+        bench.main(
+            ["--url", "http://127.0.0.1:9", "--vocab-size", "100", "--out", str(tmp_path / "o"), *argv]
+        )
+    assert words in capsys.readouterr().err

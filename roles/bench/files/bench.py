@@ -11,6 +11,9 @@ does not ship, and this file has to run with any rig's ``python3`` (the bench ro
 there). One client on both platforms keeps the numbers comparable; every record
 names the method.
 
+Beside them, on request (``--tool-runs``), a tool-calling workload: streamed chat completions
+offering tools, each run's tool call put together from the stream, and how many runs made one.
+
 A cell that cannot run is recorded, not dropped: ``infeasible`` when it asks for more sequences
 than the server's ``--max-num-seqs`` or more tokens than ``--max-model-len``, ``failed`` when the
 requests error (out of memory, server gone).
@@ -307,6 +310,98 @@ def run_decode(
     return rec
 
 
+def one_tool_request(
+    url: str, model: str, prompt: str, tools: list[dict], output_len: int, timeout: float
+) -> dict:
+    """Stream one chat completion that offers ``tools``; return its times, token counts and the
+    tool calls reassembled from the stream's deltas (name and arguments text, as the server parsed them)."""
+    payload = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "tools": tools,
+        "max_tokens": output_len,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    conn, base = _conn(url, timeout)
+    start = time.perf_counter()
+    ttft = None
+    usage: dict[str, int] = {}
+    calls: dict[int, dict[str, str]] = {}
+    try:
+        conn.request("POST", base + "/v1/chat/completions", json.dumps(payload),
+                     {"Content-Type": "application/json", **AUTH_HEADERS})  # fmt: skip
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise BenchError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
+        for raw in resp:
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            chunk = json.loads(data)
+            if "error" in chunk:
+                raise BenchError(f"stream error: {chunk['error']}")
+            for choice in chunk.get("choices") or []:
+                delta = choice.get("delta") or {}
+                if ttft is None and any(delta.get(k) for k in ("content", "reasoning", "tool_calls")):
+                    ttft = time.perf_counter() - start
+                for part in delta.get("tool_calls") or []:
+                    call = calls.setdefault(int(part.get("index") or 0), {"name": "", "arguments": ""})
+                    function = part.get("function") or {}
+                    call["name"] += function.get("name") or ""
+                    call["arguments"] += function.get("arguments") or ""
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        raise BenchError(f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        conn.close()
+    if ttft is None:
+        raise BenchError("nothing streamed")
+    return {
+        "latency_ms": (time.perf_counter() - start) * 1000,
+        "ttft_ms": ttft * 1000,
+        "output_tokens": int(usage.get("completion_tokens", 0)),
+        "tool_calls": [calls[i] for i in sorted(calls)],
+    }
+
+
+def run_tools(
+    url: str, model: str, *, prompt: str, tools: list[dict], runs: int, output_len: int, timeout: float
+) -> dict[str, Any]:
+    """The tool-calling workload: ``runs`` chat requests one after another, each offering ``tools``;
+    the headline is the median of runs 2..N and how many runs answered with a tool call."""
+    rec: dict[str, Any] = {"prompt": prompt, "tools": [t.get("function", {}).get("name") for t in tools],
+                           "output_len": output_len, "runs": [], "status": "ok", "reason": None,
+                           "with_tool_call": 0, "latency_ms": None, "ttft_ms": None}  # fmt: skip
+    for i in range(runs):
+        try:
+            rec["runs"].append(one_tool_request(url, model, prompt, tools, output_len, timeout))
+        except BenchError as exc:
+            rec.update(status="failed", reason=f"run {i + 1}: {exc}")
+            break
+    rec["with_tool_call"] = sum(1 for r in rec["runs"] if r["tool_calls"])
+    counted = rec["runs"][1:]
+    if counted:
+        for k in ("latency_ms", "ttft_ms"):
+            rec[k] = statistics.median(r[k] for r in counted)
+    elif rec["status"] == "ok":
+        rec.update(status="failed", reason="fewer than 2 runs completed")
+    return rec
+
+
+def read_tools(path: Path) -> list[dict]:
+    """--tools-file: a JSON list of OpenAI tool objects, sent as they are."""
+    tools = json.loads(path.read_text())
+    if not isinstance(tools, list) or not tools or not all(isinstance(t, dict) for t in tools):
+        raise ValueError("want a non-empty JSON list of tool objects")
+    return tools
+
+
 def _ints(text: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
@@ -353,7 +448,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-dir", type=Path, help="read --vocab-size from this checkpoint's config.json")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=1800.0, help="per-request timeout in seconds")
-    ap.add_argument("--no-sweep", action="store_true", help="only the decode check")
+    ap.add_argument("--no-sweep", action="store_true", help="only the decode check (and the tool workload)")
+    ap.add_argument("--tool-runs", type=int, default=0,
+                    help="the tool-calling workload: this many chat requests offering --tools-file's tools "
+                    "(0 skips it, else at least 2: run 1 warms up)")  # fmt: skip
+    ap.add_argument("--tools-file", type=Path, help="a JSON list of OpenAI tool objects")
+    ap.add_argument("--tool-prompt", default="", help="the user message of the tool workload")
+    ap.add_argument("--tool-output-len", type=int, default=64)
     ap.add_argument("--api-key-env-file", type=Path,
                     help="send VLLM_API_KEY from this EnvironmentFile (the rig's tpu.env) as a bearer token")  # fmt: skip
     ap.add_argument("--out", type=Path, required=True, help="JSON file to write")
@@ -366,6 +467,14 @@ def main(argv: list[str] | None = None) -> int:
         if key:
             AUTH_HEADERS["Authorization"] = f"Bearer {key}"
 
+    tools: list[dict] = []
+    if args.tool_runs:
+        if args.tool_runs < 2 or not args.tools_file or not args.tool_prompt:
+            ap.error("--tool-runs needs at least 2 runs, --tools-file and --tool-prompt")
+        try:
+            tools = read_tools(args.tools_file)
+        except (OSError, ValueError) as exc:
+            ap.error(f"--tools-file: {exc}")
     vocab = args.vocab_size or (vocab_from_model_dir(args.model_dir) if args.model_dir else None)
     if not vocab or vocab <= 10:
         ap.error("need the vocabulary size: --vocab-size N or --model-dir DIR with a config.json")
@@ -400,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "cells": [],
         "decode": None,
+        "tools": None,
     }
     grid = [] if args.no_sweep else [(i, c) for i in args.input_lens for c in args.concurrency]
     for n, (inp, conc) in enumerate(grid, 1):
@@ -416,6 +526,12 @@ def main(argv: list[str] | None = None) -> int:
         record["decode"] = run_decode(
             args.url, model, input_len=args.decode_input_len, output_len=args.decode_output_len,
             runs=args.decode_runs, vocab_size=vocab, seed=args.seed, timeout=args.timeout,
+        )  # fmt: skip
+    if args.tool_runs:
+        progress(f"tools: {args.tool_runs} chat requests offering {len(tools)} tool(s) at concurrency 1")
+        record["tools"] = run_tools(
+            args.url, model, prompt=args.tool_prompt, tools=tools, runs=args.tool_runs,
+            output_len=args.tool_output_len, timeout=args.timeout,
         )  # fmt: skip
     record["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     args.out.parent.mkdir(parents=True, exist_ok=True)
