@@ -312,6 +312,10 @@ def test_vllm_takes_the_agent_flags_and_refuses_tools_without_them() -> None:
     assert parser.reasoning_parser_cls.__name__.startswith("Gemma4")
     tools = [{"type": "function", "function": {"name": "get_capital", "parameters": {"type": "object"}}}]
     request = ChatCompletionRequest(model="x", messages=[{"role": "user", "content": "hi"}], tools=tools)
+    # Structured output: response_format and structured_outputs; the guided_* fields are gone.
+    fields = ChatCompletionRequest.model_fields
+    assert {"response_format", "structured_outputs"} <= set(fields)
+    assert not [f for f in fields if f.startswith("guided_")]
     refused = asyncio.run(_vllm_renderer("").render_chat(request))
     assert refused.error.code == 400
     assert "--enable-auto-tool-choice and --tool-call-parser" in refused.error.message
