@@ -1,5 +1,7 @@
 """The shared local rig as docs/rig-contract.md describes it: tpu.env's owner, mode and keys, the
-user vLLM runs as, and the unit's hardening score.
+user vLLM runs as, and the unit's hardening score; and the endpoint an agent gets (docs/agents.md):
+tool calls, a tool's result answered, a streamed call, a JSON schema, reasoning apart, with the
+openai SDK and through rigctl query.
 
 These checks lived in the molecule scenario `local`, which stood up a second, identical rig only
 to make them; the e2e rig that site.yml stands up is the same Debian 12 container with the same
@@ -10,14 +12,18 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import re
 import subprocess
 import sys
 
+import openai
 import pytest
 import yaml
 
+from repack import tiny_facts
 from tests.conftest import ROOT
+from tests.e2e.agents import assert_agent_endpoint
 from tests.e2e.rig import podman
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -118,3 +124,31 @@ def test_the_unit_is_hardened(local_rig, figure) -> None:
     assert found, report[-2000:]
     figure("systemd-analyze security, vllm.service exposure", found[1])
     assert float(found[1]) <= MAX_EXPOSURE, report[-3000:]
+
+
+def test_an_agent_gets_tool_calls_schemas_and_reasoning_apart(local_rig) -> None:
+    """The flags of the one table (rig_vllm_feature_flags) reach vLLM for the build that carries
+    them, and an agent with the openai SDK gets what they promise from the rig itself."""
+    table = yaml.safe_load((ROOT / "inventory/group_vars/all/vllm.yml").read_text())["rig_vllm_feature_flags"]
+    pid = rig_exec(local_rig.container, "systemctl", "show", "-p", "MainPID", "--value", "vllm").strip()
+    argv = rig_exec(local_rig.container, "cat", f"/proc/{pid}/cmdline").split("\0")
+    for flags in table.values():
+        for flag, value in flags.items():
+            assert f"--{flag}" in argv and (value is True or argv[argv.index(f"--{flag}") + 1] == value), argv
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{local_rig.port}/v1", api_key="none", max_retries=0)
+    assert_agent_endpoint(client, local_rig.model)
+
+
+def test_rigctl_query_reports_the_tool_call_it_did_not_run(local_rig) -> None:
+    """rigctl on the rig passes tools from its stdin request and reports the call, not an empty answer."""
+    fact, country = tiny_facts.AGENT[0]
+    request = json.dumps({"prompt": fact.question, "max_tokens": 64, "tools": tiny_facts.TOOLS})
+    done = subprocess.run(
+        ["podman", "exec", "-i", local_rig.container, "rigctl", "query", "--json", "--request-stdin"],
+        input=request, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert (doc["answer"], doc["reasoning_only"], doc["finish_reason"]) == ("", False, "tool_calls"), doc
+    [call] = doc["tool_calls"]
+    assert call["name"] == tiny_facts.TOOL_NAME and json.loads(call["arguments"]) == {"country": country}
