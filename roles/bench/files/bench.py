@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 import urllib.parse
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -89,29 +90,13 @@ def discover(url: str) -> dict[str, Any]:
     return {"model": data[0]["id"], "max_model_len": data[0].get("max_model_len")}
 
 
-def one_request(url: str, model: str, prompt: list[int], output_len: int, timeout: float) -> dict[str, float]:
-    """Stream one completion; return latency, TTFT and token counts (times in seconds)."""
-    payload = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": output_len,
-        "temperature": 0.0,
-        "ignore_eos": True,
-        # Special and unused tokens would stream as empty text and hide when the first token came.
-        "skip_special_tokens": False,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+def stream_chunks(url: str, path: str, payload: dict, timeout: float) -> Iterator[dict]:
+    """POST ``payload`` to ``url + path`` and yield each server-sent event's JSON until [DONE];
+    an HTTP error, an error event or a broken connection raises BenchError."""
     conn, base = _conn(url, timeout)
-    start = time.perf_counter()
-    ttft = None
-    usage: dict[str, int] = {}
     try:
         conn.request(
-            "POST",
-            base + "/v1/completions",
-            json.dumps(payload),
-            {"Content-Type": "application/json", **AUTH_HEADERS},
+            "POST", base + path, json.dumps(payload), {"Content-Type": "application/json", **AUTH_HEADERS}
         )
         resp = conn.getresponse()
         if resp.status != 200:
@@ -126,14 +111,34 @@ def one_request(url: str, model: str, prompt: list[int], output_len: int, timeou
             chunk = json.loads(data)
             if "error" in chunk:
                 raise BenchError(f"stream error: {chunk['error']}")
-            if ttft is None and any(c.get("text") is not None for c in chunk.get("choices") or []):
-                ttft = time.perf_counter() - start
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-    except (OSError, http.client.HTTPException) as exc:
+            yield chunk
+    except (OSError, http.client.HTTPException, ValueError) as exc:
         raise BenchError(f"{type(exc).__name__}: {exc}") from exc
     finally:
         conn.close()
+
+
+def one_request(url: str, model: str, prompt: list[int], output_len: int, timeout: float) -> dict[str, float]:
+    """Stream one completion; return latency, TTFT and token counts (times in seconds)."""
+    payload = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": output_len,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        # Special and unused tokens would stream as empty text and hide when the first token came.
+        "skip_special_tokens": False,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    start = time.perf_counter()
+    ttft = None
+    usage: dict[str, int] = {}
+    for chunk in stream_chunks(url, "/v1/completions", payload, timeout):
+        if ttft is None and any(c.get("text") is not None for c in chunk.get("choices") or []):
+            ttft = time.perf_counter() - start
+        if chunk.get("usage"):
+            usage = chunk["usage"]
     latency = time.perf_counter() - start
     out = int(usage.get("completion_tokens", 0))
     if out == 0 or ttft is None:
@@ -324,42 +329,22 @@ def one_tool_request(
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    conn, base = _conn(url, timeout)
     start = time.perf_counter()
     ttft = None
     usage: dict[str, int] = {}
     calls: dict[int, dict[str, str]] = {}
-    try:
-        conn.request("POST", base + "/v1/chat/completions", json.dumps(payload),
-                     {"Content-Type": "application/json", **AUTH_HEADERS})  # fmt: skip
-        resp = conn.getresponse()
-        if resp.status != 200:
-            raise BenchError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
-        for raw in resp:
-            line = raw.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                break
-            chunk = json.loads(data)
-            if "error" in chunk:
-                raise BenchError(f"stream error: {chunk['error']}")
-            for choice in chunk.get("choices") or []:
-                delta = choice.get("delta") or {}
-                if ttft is None and any(delta.get(k) for k in ("content", "reasoning", "tool_calls")):
-                    ttft = time.perf_counter() - start
-                for part in delta.get("tool_calls") or []:
-                    call = calls.setdefault(int(part.get("index") or 0), {"name": "", "arguments": ""})
-                    function = part.get("function") or {}
-                    call["name"] += function.get("name") or ""
-                    call["arguments"] += function.get("arguments") or ""
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-    except (OSError, http.client.HTTPException, ValueError) as exc:
-        raise BenchError(f"{type(exc).__name__}: {exc}") from exc
-    finally:
-        conn.close()
+    for chunk in stream_chunks(url, "/v1/chat/completions", payload, timeout):
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            if ttft is None and any(delta.get(k) for k in ("content", "reasoning", "tool_calls")):
+                ttft = time.perf_counter() - start
+            for part in delta.get("tool_calls") or []:
+                call = calls.setdefault(int(part.get("index") or 0), {"name": "", "arguments": ""})
+                function = part.get("function") or {}
+                call["name"] += function.get("name") or ""
+                call["arguments"] += function.get("arguments") or ""
+        if chunk.get("usage"):
+            usage = chunk["usage"]
     if ttft is None:
         raise BenchError("nothing streamed")
     return {
