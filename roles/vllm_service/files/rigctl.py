@@ -270,17 +270,12 @@ def status(rig: Rig, expect_model: str = "") -> dict:
         lines.append(f"{head}: {reason}")
     else:
         lines.append(f"restarts: {restarts}")
-    try:
-        with open(os.path.join(setting("swap_state_dir"), "swap.json"), encoding="utf-8") as fh:
-            swap = json.load(fh)
-    except (OSError, ValueError):
-        swap = None
-    if isinstance(swap, dict):
-        swap = {k: swap.get(k) for k in ("from", "to", "phase")}
-        lines.append(f"last swap: {swap['from']} -> {swap['to']}, {swap['phase']}")
-    else:
-        swap = None
-        lines.append("last swap: none journalled")
+    swap = swap_journal()
+    lines.append(
+        f"last swap: {swap['from']} -> {swap['to']}, {swap['phase']}"
+        if swap
+        else "last swap: none journalled"
+    )
     health, _ = rig.api.http("/health")
     lines.append(f"health: {'ok' if health == 200 else f'down ({health})'}")
     models_status, served = rig.api.served()
@@ -299,6 +294,9 @@ def status(rig: Rig, expect_model: str = "") -> dict:
     lines.append(f"KV cache tokens: {kv[-1] if kv else 'not logged yet'}")
     checks = code_checks()
     lines.extend(check_lines(checks))
+    idle_state = idle_load()
+    idle = idle_report(idle_state)
+    lines.extend([f"idle stop: {idle['line']}"] if idle_state else [])
     host = host_lines()
     serving = active == "active" and health == 200
     return {
@@ -313,6 +311,7 @@ def status(rig: Rig, expect_model: str = "") -> dict:
         "aliases": served[1:],
         "kv_cache_tokens": int(kv[-1].replace(",", "")) if kv else None,
         "checks": checks,
+        "idle": idle,
         "host": host,
         "lines": lines + host,
     }  # fmt: skip
@@ -387,6 +386,177 @@ def read_request(max_tokens: int) -> dict:
         "api_key": str(request.get("api_key") or ""),
         "agent": {k: v for k, v in agent.items() if v is not None},
     }
+
+
+# Idle auto-stop (docs/idle.md). vLLM's own Prometheus names (its v1/metrics/loggers.py): work in
+# hand, and counters that move with every request it serves. A health check or a /metrics read moves
+# none of them.
+IDLE_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+IDLE_COUNTERS = ("vllm:request_success_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+# A metric line: name, labels (quoted values may hold spaces, braces, escaped quotes), value.
+_METRIC_LINE = re.compile(
+    r'([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?\s+(\S+)(\s+-?\d+)?\s*'
+)
+METRICS_MAX_BYTES = 8 << 20
+# Swap phases in which a swap is still working on the rig (swap_journal.py's PHASES).
+SWAP_BUSY = ("staging", "switching", "trial")
+IDLE_STATE = "idle.json"
+IDLE_TAG = "gemma-rig-idle"  # the journal tag of the timer's decisions
+
+
+def read_metrics(text: str) -> dict[str, float]:
+    """The idle metrics on a /metrics page, each summed over its label sets. The page is outside
+    data: a name that is missing, or a value that is not a finite number of 0 or more, is an error
+    (RigctlError) and never a guess."""
+    wanted = (*IDLE_GAUGES, *IDLE_COUNTERS)
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        match = _METRIC_LINE.fullmatch(line)
+        if not match or match.group(1) not in wanted:
+            continue
+        name, raw = match.group(1), match.group(3)
+        try:
+            value = float(raw)
+        except ValueError:
+            value = float("nan")
+        if not (0 <= value < float("inf")):
+            raise RigctlError(f"/metrics: {name} is not a count: {raw[:40]!r}")
+        sums[name] = sums.get(name, 0.0) + value
+    missing = [n for n in wanted if n not in sums]
+    if missing:
+        raise RigctlError(f"/metrics lacks {', '.join(missing)}")
+    return sums
+
+
+def metrics_text(api: Endpoint) -> str:
+    """The rig's /metrics page (it needs the key like /v1 does)."""
+    headers = {"Authorization": f"Bearer {api.key}"} if api.key else {}
+    try:
+        with urllib.request.urlopen(
+            urllib.request.Request(api.url + "/metrics", headers=headers), timeout=10
+        ) as r:
+            return r.read(METRICS_MAX_BYTES).decode("utf-8", "replace")
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise RigctlError(f"/metrics unreadable: {getattr(exc, 'reason', exc)}") from None
+
+
+def swap_journal() -> dict | None:
+    """The swap journal's from, to and phase, or None (none journalled, or unreadable)."""
+    try:
+        with open(os.path.join(setting("swap_state_dir"), "swap.json"), encoding="utf-8") as fh:
+            swap = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return {k: swap.get(k) for k in ("from", "to", "phase")} if isinstance(swap, dict) else None
+
+
+def bench_running(proc: str = "/proc") -> bool:
+    """Whether bench.yml's client runs here (bench.py in its gemma-rig-bench.* working folder)."""
+    for pid in os.listdir(proc) if os.path.isdir(proc) else []:
+        try:
+            with open(os.path.join(proc, pid, "cmdline"), "rb") as fh:
+                argv = fh.read(65536).split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith(b"/bench.py") and b"/gemma-rig-bench." in a for a in argv):
+            return True
+    return False
+
+
+def idle_observe(rig: Rig) -> dict:
+    """What the idle decision reads now: the unit's state and invocation, what blocks an idle stop,
+    and vLLM's counters (None when blocked before they could be read)."""
+    seen = {"invocation": rig.props.get("InvocationID", ""), "blocks": [], "counters": None}
+    state = rig.props.get("ActiveState", "?")
+    if state != "active":
+        seen["blocks"].append(f"{rig.unit} is {state}")
+    else:
+        try:
+            sums = read_metrics(metrics_text(rig.api))
+        except RigctlError as exc:
+            seen["blocks"].append(str(exc))
+        else:
+            seen["counters"] = [sums[n] for n in IDLE_COUNTERS]
+            seen["blocks"] += [
+                f"requests {n.rsplit('_', 1)[1]}: {sums[n]:g}" for n in IDLE_GAUGES if sums[n] > 0
+            ]
+    swap = swap_journal()
+    if swap and swap["phase"] in SWAP_BUSY:
+        seen["blocks"].append(f"a swap is in progress ({swap['phase']})")
+    if bench_running():
+        seen["blocks"].append("a bench is running")
+    return seen
+
+
+def idle_decide(before: dict | None, seen: dict, now: float, threshold: int | None) -> dict:
+    """The next idle state: idle since the first check that found the same vLLM (invocation), the
+    same counters and nothing blocking; anything else starts the count again. ``stop`` when a
+    threshold (minutes) is given and reached."""
+    same = (
+        isinstance(before, dict)
+        and not seen["blocks"]
+        and before.get("invocation") == seen["invocation"]
+        and before.get("counters") == seen["counters"]
+        and isinstance(before.get("idle_since"), (int, float))
+        and before["idle_since"] <= now
+    )
+    since = before["idle_since"] if same else now
+    minutes = round((now - since) / 60, 2)
+    stop = bool(threshold) and not seen["blocks"] and minutes >= threshold
+    if seen["blocks"]:
+        why = f"not idle: {'; '.join(seen['blocks'])}"
+    else:
+        why = f"idle {minutes:g} min" + (f" of {threshold}" if threshold else " (no idle stop set)")
+    return {"invocation": seen["invocation"], "counters": seen["counters"], "idle_since": since,
+            "checked_at": now, "threshold_minutes": threshold, "minutes_idle": minutes,
+            "blocked_by": seen["blocks"], "stop": stop, "line": ("stopping the rig: " if stop else "") + why}  # fmt: skip
+
+
+def idle_state_path() -> str:
+    return os.path.join(setting("swap_state_dir"), IDLE_STATE)
+
+
+def idle_load() -> dict | None:
+    """The idle timer's last state, or None (none yet, or unreadable: then the count starts again)."""
+    try:
+        with open(idle_state_path(), encoding="utf-8") as fh:
+            state = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def idle_report(state: dict | None) -> dict:
+    """The idle object of status and idle: off when no idle timer has run."""
+    if not state:
+        return {
+            "enabled": False,
+            "minutes_idle": None,
+            "threshold_minutes": None,
+            "blocked_by": [],
+            "line": "off",
+        }
+    keys = ("minutes_idle", "threshold_minutes", "blocked_by", "checked_at", "line")
+    return {"enabled": bool(state.get("threshold_minutes")), **{k: state.get(k) for k in keys}}
+
+
+def cmd_idle(args: argparse.Namespace) -> dict:
+    rig = Rig(args.unit)
+    before = idle_load()
+    stored = (before or {}).get("threshold_minutes")
+    kept = stored if isinstance(stored, int) and not isinstance(stored, bool) and stored > 0 else None
+    state = idle_decide(before, idle_observe(rig), time.time(), args.stop_after or kept)
+    path = idle_state_path()
+    with open(path + ".new", "w", encoding="utf-8") as fh:
+        json.dump({k: v for k, v in state.items() if k != "stop"}, fh)
+    os.replace(path + ".new", path)
+    stopping = state["stop"] and bool(args.stop_after)
+    if args.stop_after:
+        # The timer's decision, in the journal under its own tag before any poweroff.
+        run(["logger", "-t", IDLE_TAG, "--", state["line"]])
+    if stopping:
+        systemctl("poweroff")
+    return {"ok": True, "stopping": stopping, **idle_report(state), "lines": [state["line"]]}
 
 
 def systemctl(*args: str) -> None:
@@ -475,6 +645,13 @@ def non_negative(text: str) -> int:
     return value
 
 
+def positive(text: str) -> int:
+    value = non_negative(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be 1 or more")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="rigctl",
@@ -540,6 +717,13 @@ def parser() -> argparse.ArgumentParser:
         "local), the tpu-inference patch applied (TPU); exit 1 otherwise",
         cmd_clamp,
     )
+    p = add(
+        "idle",
+        "Whether vLLM has served nothing (its /metrics counters) and for how long; what keeps it busy",
+        cmd_idle,
+    )
+    p.add_argument("--stop-after", type=positive, metavar="MINUTES",
+                   help="power the rig off once idle this long (the idle timer's call)")  # fmt: skip
     return top
 
 
