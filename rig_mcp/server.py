@@ -254,13 +254,25 @@ class RigServer:
         return {"rig": rig, "lines": self.redact(got[-lines:] if lines else [])}
 
     async def query(
-        self, prompt: str, rig: str | None, max_tokens: int, ctx: Context | None = None
+        self,
+        prompt: str,
+        rig: str | None,
+        max_tokens: int,
+        ctx: Context | None = None,
+        agent: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         target = self.check_rig(rig) if rig else (self.rig_names() or [""])[0]
         if not target:
             raise ToolError("the inventory has no rigs")
+        # tools and response_format, when given, go to rigctl's request as data (the runner's extra
+        # variables are never templates), for vLLM to check.
+        extra = {"agent_request": agent} if agent else {}
         doc = await self.rigctl(
-            ctx, "playbooks/query.yml", "Ask rigctl", target, {"prompt": prompt, "max_tokens": max_tokens}
+            ctx,
+            "playbooks/query.yml",
+            "Ask rigctl",
+            target,
+            {"prompt": prompt, "max_tokens": max_tokens, **extra},
         )
         answer = str(doc.get("answer") or "")
         # A call the model made is its answer, not an empty one: shown as rigctl read it, never run.
@@ -571,8 +583,17 @@ def build(config: Config, runner: PlaybookRunner | None = None, token: str | Non
         max_tokens: Annotated[
             int, Field(description="Completion budget (Gemma 4 reasons first).", ge=1, le=32768)
         ] = 512,
+        tools: Annotated[
+            list[dict[str, Any]] | None,
+            Field(description="OpenAI tool objects to offer; a call the model makes is reported, never run."),
+        ] = None,
+        response_format: Annotated[
+            dict[str, Any] | None,
+            Field(description="An OpenAI response_format (json_schema) for the answer."),
+        ] = None,
     ) -> dict[str, Any]:
-        return await srv.query(prompt, rig, max_tokens, ctx)
+        agent = {k: v for k, v in (("tools", tools), ("response_format", response_format)) if v is not None}
+        return await srv.query(prompt, rig, max_tokens, ctx, agent)
 
     async def swap(
         model: ModelKey,

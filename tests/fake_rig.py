@@ -10,7 +10,7 @@ client can tell whether anything between them buffered the response. With ``lock
 stream sends ``max_tokens`` chunks instead, each after the first only once the client has released
 the semaphore: a client that releases it on each chunk it reads times every hop through whatever
 lies between them. Every request is logged with its path, model and Authorization header, and a POST with its
-``messages`` as the client sent them (what reached the model, byte for byte).
+``messages`` (and ``tools``, ``response_format`` when sent) as the client sent them (what reached the model, byte for byte).
 
 ``POST /v1/completions`` answers a plain text completion the same way. Every body it sends is held
 to the official ``openai`` client's types before it leaves (``check_response``): those pydantic
@@ -217,6 +217,7 @@ class FakeRig:
                         "model": body.get("model"),
                         "authorization": self.headers.get("Authorization"),
                         "messages": body.get("messages"),
+                        **{k: body[k] for k in ("tools", "response_format") if k in body},
                     }
                 )
                 if self.path not in ("/v1/chat/completions", "/v1/completions"):

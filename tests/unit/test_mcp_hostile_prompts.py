@@ -81,3 +81,34 @@ def test_the_runner_hands_every_extra_var_to_ansible_as_data(tmp_path: Path) -> 
     assert run.failure is None, run.failure
     assert run.result("Echo")["msg"] == values
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("pwned")) == []
+
+
+def test_hostile_tools_and_schema_reach_the_model_unchanged_and_run_nothing(tmp_path: Path) -> None:
+    """A tool's name, description and parameters and a response_format are data on the whole way
+    (MCP -> ansible-runner -> query.yml -> rigctl's stdin): the rig's chat gets them as sent."""
+    marker = tmp_path / "pwned"
+    text = hostile(marker)
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": text[:64],
+                "description": text,
+                "parameters": {"type": "object", "properties": {text: {"type": "string"}}},
+            },
+        }
+    ]
+    schema = {
+        "type": "json_schema",
+        "json_schema": {"name": "x", "schema": {"type": "object", "description": text}},
+    }
+    with FakeRig("tiny-emb4") as rig:
+        inventory = fake_inventory(tmp_path, rig.port)
+        params = stdio(["-i", str(inventory), "--lock-dir", str(tmp_path / "locks"), "--read-only"],
+                       isolated_env(tmp_path), cwd=tmp_path)  # fmt: skip
+        args = {"prompt": "hi", "rig": RIG, "max_tokens": 8, "tools": tools, "response_format": schema}
+        [result] = anyio.run(call_tools, params, [("query", args)])
+    assert not result.is_error, result.content[0].text
+    [chat] = [entry for entry in rig.log if entry["path"] == "/v1/chat/completions"]
+    assert (chat["tools"], chat["response_format"]) == (tools, schema)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("pwned")) == []
