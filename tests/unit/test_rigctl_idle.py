@@ -14,9 +14,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from tests.conftest import ROOT
+from tests.ansible_run import run_playbook
+from tests.conftest import ROOT, VENV_BIN
 from tests.unit.test_rigctl import FREE, documented
 
 _spec = importlib.util.spec_from_file_location("rigctl_idle", ROOT / "roles/vllm_service/files/rigctl.py")
@@ -254,3 +256,49 @@ def test_status_carries_the_timers_last_decision(idle_rig, capsys) -> None:
     doc = json.loads(capsys.readouterr().out)
     assert doc["idle"]["enabled"] is True and doc["idle"]["threshold_minutes"] == 7
     assert f"idle stop: {doc['idle']['line']}" in doc["lines"]
+
+
+def idle_play(tmp_path: Path, platform: str, minutes: int, *args: str):
+    """vllm_service's tasks/idle.yml for one host of ``platform``, its units written under tmp_path
+    (vLLM not started here, so no systemctl runs)."""
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(yaml.safe_dump({"rigs": {"children": {platform: {"hosts": {"rig-test": {}}}}}}))
+    play = tmp_path / "play.yml"
+    task = {
+        "name": "Idle timer",
+        "ansible.builtin.include_role": {"name": "vllm_service", "tasks_from": "idle"},
+    }
+    play.write_text(yaml.safe_dump([{"hosts": "rig-test", "gather_facts": False, "tasks": [task]}]))
+    evars = {"ansible_connection": "local", "ansible_python_interpreter": str(VENV_BIN / "python"),
+             "_vllm_service_systemd_dir": str(tmp_path), "vllm_service_swap_state_dir": str(tmp_path),
+             "vllm_service_start": False, "rig_idle_stop_minutes": minutes}  # fmt: skip
+    return run_playbook(str(play), *args, "-i", "inventory/local.yml", inventory=inventory, extra_vars=evars)
+
+
+@pytest.mark.slow  # one ansible-playbook run per step
+def test_the_role_installs_the_timer_only_when_set_and_removes_it(tmp_path: Path) -> None:
+    units = [tmp_path / "vllm-idle.service", tmp_path / "vllm-idle.timer"]
+    check = idle_play(tmp_path, "local", 5, "--check")
+    assert check.rc == 0 and check.total("changed") == 1 and not any(u.exists() for u in units), check.output[
+        -3000:
+    ]
+    first = idle_play(tmp_path, "local", 5)
+    assert first.rc == 0 and first.total("changed") == 1, first.output[-3000:]
+    service = units[0].read_text()
+    assert "ExecStart=/usr/local/bin/rigctl idle --stop-after 5\n" in service
+    assert "OnUnitActiveSec=30\n" in units[1].read_text()
+    again = idle_play(tmp_path, "local", 5)
+    assert again.rc == 0 and again.total("changed") == 0, again.output[-3000:]
+    (tmp_path / "idle.json").write_text("{}")
+    off = idle_play(tmp_path, "local", 0)
+    assert off.rc == 0 and off.total("changed") == 1, off.output[-3000:]
+    assert not any(p.exists() for p in [*units, tmp_path / "idle.json"])
+    off_again = idle_play(tmp_path, "local", 0)
+    assert off_again.rc == 0 and off_again.total("changed") == 0, off_again.output[-3000:]
+
+
+@pytest.mark.slow
+def test_tpu_refuses_an_idle_stop_naming_why(tmp_path: Path) -> None:
+    run = idle_play(tmp_path, "tpu", 5)
+    assert run.rc != 0 and "does not stop its node" in run.output and "docs/idle.md" in run.output
+    assert not (tmp_path / "vllm-idle.service").exists()
