@@ -1,8 +1,8 @@
 """The local rig reached from where users stand: a client in another network namespace, not on
 loopback. Closed, the rig refuses it; opened (rig_endpoint_open, a range, a key), it answers 401
 without the key and 200 with it, and status/query/bench/accuracy all work with the key, which never
-shows in their output at -vvv, in --diff or in any process's command line. It runs last, before
-test_99_teardown, and leaves the rig opened: nothing after it depends on a closed rig, and a closed
+shows in their output at -vvv, in --diff or in any process's command line. It runs late, before
+test_97_idle and test_99_teardown, and leaves the rig opened: nothing after it depends on a closed rig, and a closed
 rig's filter is tested as rendered (tests/unit/test_vllm_unit_filter.py) and at bring-up. The file
 starts closed (rig_start); the first test that needs the endpoint opened opens it (the `opened`
 fixture, once per file), so each test also runs alone and proves its claim on an opened rig.
