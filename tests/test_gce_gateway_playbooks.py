@@ -17,7 +17,8 @@ import yaml
 from tests.conftest import ROOT, VENV_BIN
 from tests.fake_compute import FakeComputeServer, Faults
 
-# Each test starts ansible-playbook (module start-up imports google-cloud-compute: seconds each).
+# Each test starts ansible-playbook (module start-up imports google-cloud-compute: seconds each);
+# the first provisioning serves the VM's shape and the second run's idempotence alike.
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 GATEWAY = "gemma-gateway-1"  # the example inventory's host
@@ -72,7 +73,11 @@ def _task_output(out: str, task: str) -> str:
     return out[start : min(following, default=len(out))]
 
 
-def test_gateway_vm_is_small_and_only_its_port_is_open(fake: FakeComputeServer, extra: Path) -> None:
+def test_gateway_vm_is_small_only_its_port_is_open_and_a_second_run_changes_nothing(
+    fake: FakeComputeServer, extra: Path
+) -> None:
+    """The first provisioning's VM, rule and inventory entry; then, against the filled-in fake, a
+    second run, check mode and the teardown."""
     result = _play("playbooks/provision_gce_gateways.yml", fake, extra, "-v")
     out = result.stdout + result.stderr
     # The VM's IP is unroutable (TEST-NET-3): the play gets as far as the SSH wait and fails there.
@@ -109,11 +114,6 @@ def test_gateway_vm_is_small_and_only_its_port_is_open(fake: FakeComputeServer, 
     assert sorted(added["groups"]) == ["gateways", "gce_gateways"]
     assert added["host_vars"]["gce_internal_ip"].startswith("10.")
     assert "rig_endpoint_open" not in added["host_vars"]
-
-
-def test_second_run_check_mode_and_teardown(fake: FakeComputeServer, extra: Path) -> None:
-    first = _play("playbooks/provision_gce_gateways.yml", fake, extra)
-    assert "TASK [gce : Wait for SSH on the VM]" in first.stdout, first.stdout
     after_first = list(fake.api.mutating_requests())
 
     # Against the filled-in fake (subnetwork, networkIP, fingerprints...): reads only.
