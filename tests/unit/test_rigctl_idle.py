@@ -302,3 +302,10 @@ def test_tpu_refuses_an_idle_stop_naming_why(tmp_path: Path) -> None:
     run = idle_play(tmp_path, "tpu", 5)
     assert run.rc != 0 and "does not stop its node" in run.output and "docs/idle.md" in run.output
     assert not (tmp_path / "vllm-idle.service").exists()
+
+
+def test_an_unwritable_state_folder_is_a_one_line_error(idle_rig, capsys) -> None:
+    rigctl.SETTINGS["swap_state_dir"] = str(idle_rig.dir / "missing")
+    code, doc = idle_json(capsys, "--stop-after", "1")
+    assert code == rigctl.EXIT_NO_CONFIG and doc["error"].startswith("cannot write ")
+    assert ["systemctl", "poweroff"] not in idle_rig

@@ -547,9 +547,14 @@ def cmd_idle(args: argparse.Namespace) -> dict:
     kept = stored if isinstance(stored, int) and not isinstance(stored, bool) and stored > 0 else None
     state = idle_decide(before, idle_observe(rig), time.time(), args.stop_after or kept)
     path = idle_state_path()
-    with open(path + ".new", "w", encoding="utf-8") as fh:
-        json.dump({k: v for k, v in state.items() if k != "stop"}, fh)
-    os.replace(path + ".new", path)
+    try:
+        with open(path + ".new", "w", encoding="utf-8") as fh:
+            json.dump({k: v for k, v in state.items() if k != "stop"}, fh)
+        os.replace(path + ".new", path)
+    except OSError as exc:
+        raise RigctlError(
+            f"cannot write {path}: {exc.strerror} (run rigctl as root)", EXIT_NO_CONFIG
+        ) from None
     stopping = state["stop"] and bool(args.stop_after)
     if args.stop_after:
         # The timer's decision, in the journal under its own tag before any poweroff.
