@@ -87,11 +87,12 @@ def test_the_groups() -> None:
 
 
 def test_two_workers_each_take_whole_groups() -> None:
-    """What xdist's own loadgroup did not do here (see tests/conftest.py): a file split across both."""
+    """What xdist's own loadgroup did not do here (see tests/conftest.py): a file split across both.
+    Two files of quick tests: what is checked is where each test ran."""
     run = subprocess.run(
         [
             str(VENV_BIN / "pytest"), "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup",
-            "--no-loadscope-reorder", "-v", "tests/unit/test_rigctl.py", "tests/unit/test_rig_flags.py",
+            "--no-loadscope-reorder", "-v", "tests/unit/test_turing_clamp.py", "tests/unit/test_rig_flags.py",
         ],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -101,5 +102,5 @@ def test_two_workers_each_take_whole_groups() -> None:
     workers: dict[str, set[str]] = {}
     for worker, path in ran:
         workers.setdefault(path, set()).add(worker)
-    assert set(workers) == {"tests/unit/test_rigctl.py", "tests/unit/test_rig_flags.py"}
+    assert set(workers) == {"tests/unit/test_turing_clamp.py", "tests/unit/test_rig_flags.py"}
     assert all(len(w) == 1 for w in workers.values()), workers
