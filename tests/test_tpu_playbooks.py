@@ -20,6 +20,7 @@ import yaml
 from tests.cloud_playbooks import assert_pinned, find_then_say, play
 from tests.fake_tpu import FakeTpuServer, Faults
 
+ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
@@ -48,6 +49,9 @@ def inventory(tmp_path: Path) -> Path:
             }
         }
     }
+    # The project's shared settings (the price table...) come with every inventory, as with the real one.
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "group_vars" / "all").symlink_to(ROOT / "inventory" / "group_vars" / "all")
     path = tmp_path / "tpu.yml"
     path.write_text(yaml.safe_dump(hosts))
     return path
@@ -96,9 +100,16 @@ def test_provision_converge_check_and_teardown(fake: FakeTpuServer, inventory: P
     assert check.returncode == 0 and re.search(r"tpu-test\s+:.*changed=0", check.stdout), check.stdout[-3000:]
     assert len(_writes(fake)) == writes  # neither the converge nor check mode wrote anything
 
+    # The price said at provisioning and what a teardown says still bills are the cost report's.
+    table = yaml.safe_load((ROOT / "inventory/group_vars/all/prices.yml").read_text())["rig_prices"]
+    (chip,) = [e["usd"] for e in table["items"] if (e["what"], e["model"]) == ("tpu/v5litepod", "flex-start")]
+    assert f"(flex-start, about ${chip:.2f}/h at the prices of {table['as_of']})" in out, out[-3000:]
+    dry = _play("playbooks/teardown_tpu.yml", inventory, fake, "--check")
+    assert f"still costs money: tpu-test running, about ${chip:.2f}/h" in dry.stdout, dry.stdout[-3000:]
     down = _play("playbooks/teardown_tpu.yml", inventory, fake)
     assert down.returncode == 0, (down.stdout + down.stderr)[-3000:]
     assert fake.api.requests("DELETE", "queuedResources/tpu-test")
+    assert "nothing of this rig still costs money" in down.stdout, down.stdout[-3000:]
 
 
 def test_a_later_command_finds_the_vm_and_changes_nothing(
