@@ -141,8 +141,10 @@ def test_an_agent_gets_tool_calls_schemas_and_reasoning_apart(local_rig) -> None
 
 def test_rigctl_query_reports_the_tool_call_it_did_not_run(local_rig) -> None:
     """rigctl on the rig passes tools from its stdin request and reports the call, not an empty answer."""
-    fact, country = tiny_facts.AGENT[0]
-    request = json.dumps({"prompt": fact.question, "max_tokens": 64, "tools": tiny_facts.TOOLS})
+    country, _ = tiny_facts.TOOL_ASKS[0]
+    request = json.dumps(
+        {"prompt": tiny_facts.tool_question(country), "max_tokens": 64, "tools": tiny_facts.TOOLS}
+    )
     done = subprocess.run(
         ["podman", "exec", "-i", local_rig.container, "rigctl", "query", "--json", "--request-stdin"],
         input=request, capture_output=True, text=True, check=False,

@@ -51,6 +51,6 @@ def test_an_agent_through_the_gateway(gateway, figure) -> None:
     figure("gateway.yml in front of rig-local", f"{gateway.seconds:.0f} s")
     http = httpx.Client(verify=ssl.create_default_context(cafile=str(CERT)), timeout=120)
     client = openai.OpenAI(base_url=f"{URL}/v1", api_key=KEY, max_retries=0, http_client=http)
-    assert_calls_the_tool(client, ALIAS, tiny_facts.AGENT[:1])
+    assert_calls_the_tool(client, ALIAS, tiny_facts.TOOL_ASKS[:1])
     assert_streamed_call_is_the_same(client, ALIAS)
     assert_json_schema_answer(client, ALIAS)
