@@ -150,6 +150,16 @@ def test_local_renders_contract_keys_mode_and_restarts(tmp_path: Path) -> None:
     assert rig.changed(tasks) == 0, [t for t in tasks if t.get("changed")]
     assert not rig.marker.exists()
 
+    # A change keeps the previous file as tpu.env.prev, as private, and restarts.
+    first = rig.env_file.read_text()
+    rc, _, out = rig.run(rig_model="tiny-w4a16")
+    assert rc == 0, out
+    prev = tmp_path / "etc" / "tpu.env.prev"
+    assert prev.read_text() == first
+    assert stat.S_IMODE(prev.stat().st_mode) == 0o640
+    assert parse_env(rig.env_file.read_text())["RIG_MODEL_KEY"] == "tiny-w4a16"
+    assert rig.marker.exists()
+
 
 def test_gce_values_and_model_args(tmp_path: Path) -> None:
     rig = Rig(tmp_path, platform="gce")
@@ -164,19 +174,6 @@ def test_gce_values_and_model_args(tmp_path: Path) -> None:
     assert (env["RIG_MAX_MODEL_LEN"], env["RIG_MAX_NUM_SEQS"]) == ("16384", "8")
     assert env["RIG_SPECULATIVE_CONFIG"] == '{"method":"ngram","n":4}'
     assert env["RIG_EXTRA_ARGS"].split() == ["--language-model-only", *feature_words("google-w4a16", "gce")]
-
-
-def test_change_keeps_previous_as_prev(tmp_path: Path) -> None:
-    rig = Rig(tmp_path)
-    assert rig.run()[0] == 0
-    first = rig.env_file.read_text()
-    rc, _, out = rig.run(rig_model="tiny-w4a16")
-    assert rc == 0, out
-    prev = tmp_path / "etc" / "tpu.env.prev"
-    assert prev.read_text() == first
-    assert stat.S_IMODE(prev.stat().st_mode) == 0o640
-    assert parse_env(rig.env_file.read_text())["RIG_MODEL_KEY"] == "tiny-w4a16"
-    assert rig.marker.exists()
 
 
 def test_check_mode_writes_nothing(tmp_path: Path) -> None:
@@ -343,7 +340,7 @@ def test_bad_agent_features_fail_before_writing(tmp_path: Path, var: str, value:
 KEY = "sk-test-0123456789abcdef"
 
 
-def test_open_endpoint_listens_everywhere_with_key_never_logged(tmp_path: Path) -> None:
+def test_open_endpoint_listens_everywhere_and_its_key_never_shows(tmp_path: Path) -> None:
     rig = Rig(tmp_path, platform="gce")
     rc, _, out = rig.run("--diff", rig_endpoint_open=True, rig_api_key=KEY)
     assert rc == 0, out
@@ -359,25 +356,9 @@ def test_open_endpoint_listens_everywhere_with_key_never_logged(tmp_path: Path) 
     assert KEY not in out
     assert parse_env((tmp_path / "etc" / "tpu.env.prev").read_text())["VLLM_API_KEY"] == KEY
 
-
-@pytest.mark.parametrize("key", ["", "short"])
-def test_open_endpoint_without_a_good_key_is_refused(tmp_path: Path, key: str) -> None:
-    rig = Rig(tmp_path, platform="gce")
-    rc, _, out = rig.run(rig_endpoint_open=True, rig_api_key=key)
-    assert rc != 0
-    assert "rig_config_api_key (from rig_api_key" in out
-    assert not rig.env_file.exists()
-
-
-def test_removing_the_key_never_shows_the_old_one(tmp_path: Path) -> None:
-    """Hostile: the key leaves the configuration, but the tpu.env in place still holds it.
-
-    Before the fix no_log was computed from the NEW configuration only: closing the endpoint and
-    dropping rig_api_key made the write visible, and --diff printed the old file with the key.
-    """
-    rig = Rig(tmp_path, platform="gce")
-    rc, _, out = rig.run(rig_endpoint_open=True, rig_api_key=KEY)
-    assert rc == 0, out
+    # Hostile: the key leaves the configuration, but the tpu.env in place still holds it. Before
+    # the fix no_log was computed from the NEW configuration only: closing the endpoint and dropping
+    # rig_api_key made the write visible, and --diff printed the old file with the key.
     assert parse_env(rig.env_file.read_text())["VLLM_API_KEY"] == KEY
     rc, tasks, out = rig.run("--diff", "-v", rig_endpoint_open=False, rig_api_key="")
     assert rc == 0, out
@@ -386,3 +367,12 @@ def test_removing_the_key_never_shows_the_old_one(tmp_path: Path) -> None:
     assert KEY not in json.dumps(tasks)
     # What changed is still said, by name.
     assert "VLLM_API_KEY" in out and "RIG_HOST" in out, out[-3000:]
+
+
+@pytest.mark.parametrize("key", ["", "short"])
+def test_open_endpoint_without_a_good_key_is_refused(tmp_path: Path, key: str) -> None:
+    rig = Rig(tmp_path, platform="gce")
+    rc, _, out = rig.run(rig_endpoint_open=True, rig_api_key=key)
+    assert rc != 0
+    assert "rig_config_api_key (from rig_api_key" in out
+    assert not rig.env_file.exists()
