@@ -179,7 +179,7 @@ def full_config() -> dict:
         "eoa_token_id": ids["<end_of_audio>"],
         "eoa_token_index": ids["<end_of_audio>"],
         "eoi_token_id": ids["<end_of_image>"],
-        "eos_token_id": [ids["<eos>"], ids["<end_of_turn>"]],
+        "eos_token_id": [ids["<eos>"], ids["<turn|>"], ids["<|tool_response>"]],
         "image_token_id": ids["<image_soft_token>"],
         "initializer_range": 0.02,
         "model_type": "gemma4",

@@ -2,7 +2,12 @@
 
 Each fact is a short question with a one- or two-word answer. The tiny model (repack/make_tiny_qat.py)
 is trained so that greedy decoding of a fact's chat prompt gives exactly the answer followed by
-``<end_of_turn>``, and so that the fact's multiple-choice form gives the right letter.
+``<turn|>``, and so that the fact's multiple-choice form gives the right letter.
+
+An agent's forms are taught too, in Gemma 4's chat format: asked the capital of a country of
+``TOOL_ASKS`` (ones it does not know) with the ``get_capital`` tool declared (``TOOLS``), the model
+calls it (``call_text``); given the tool's result it answers in words (``reply``). Asked a fact of
+``JSON_FACTS`` for JSON (``json_question``), it answers ``json_answer``.
 
 Standard library only: the end-to-end tests, the accuracy tool and the Ansible smoke test import it
 without torch.
@@ -32,7 +37,7 @@ LETTERS = "ABCD"
 
 @dataclass(frozen=True)
 class Fact:
-    """A question and its exact answer (what greedy decoding must produce before ``<end_of_turn>``)."""
+    """A question and its exact answer (what greedy decoding must produce before ``<turn|>``)."""
 
     question: str
     answer: str
@@ -67,6 +72,79 @@ def messages(question: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": question}]
 
 
+# (country, capital) that the model does not know and asks the tool about: a known fact's
+# question would have to give the answer without tools and a call with them, from one question.
+TOOL_ASKS: tuple[tuple[str, str], ...] = (
+    ("Australia", "Canberra"), ("Nigeria", "Abuja"), ("Vietnam", "Hanoi"), ("Colombia", "Bogota"),
+)  # fmt: skip
+# (fact, its country) for every eighth fact: the ones also taught as JSON answers.
+JSON_FACTS: tuple[tuple[Fact, str], ...] = tuple((FACTS[i], CAPITALS[i][0]) for i in range(0, len(FACTS), 8))
+
+# The tool the model learned, exactly as an OpenAI-style client declares it (the chat template
+# renders this declaration into the prompt; another wording is another prompt).
+TOOL_NAME = "get_capital"
+GET_CAPITAL: dict = {
+    "type": "function",
+    "function": {
+        "name": TOOL_NAME,
+        "description": "The capital city of a country.",
+        "parameters": {
+            "type": "object",
+            "properties": {"country": {"type": "string"}},
+            "required": ["country"],
+        },
+    },
+}
+TOOLS: list[dict] = [GET_CAPITAL]
+
+# The JSON answer's schema: the keys in this order, as a json_schema response_format sends it.
+ANSWER_SCHEMA: dict = {
+    "type": "object",
+    "properties": {"country": {"type": "string"}, "capital": {"type": "string"}},
+    "required": ["country", "capital"],
+    "additionalProperties": False,
+}
+
+
+def call_text(country: str) -> str:
+    """What the model emits to call the tool: Gemma 4's tool-call syntax, before ``<|tool_response>``."""
+    return f'<|tool_call>call:{TOOL_NAME}{{country:<|"|>{country}<|"|>}}<tool_call|>'
+
+
+def tool_question(country: str) -> str:
+    """What a ``TOOL_ASKS`` country is asked."""
+    return f"What is the capital of {country}?"
+
+
+def tool_messages(question: str, country: str, capital: str) -> list[dict]:
+    """The question, the model's call and the tool's result, as an OpenAI-style client sends them back."""
+    call = {
+        "id": "call_0",
+        "type": "function",
+        "function": {"name": TOOL_NAME, "arguments": {"country": country}},
+    }
+    return [
+        *messages(question),
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_0", "content": capital},
+    ]
+
+
+def reply(capital: str) -> str:
+    """The model's answer in words once the tool has answered."""
+    return f"It is {capital}."
+
+
+def json_question(question: str) -> str:
+    """The question asked for a JSON answer (what a json_schema request sends as its user turn)."""
+    return f"{question} Answer in JSON."
+
+
+def json_answer(country: str, capital: str) -> str:
+    """The JSON object the model answers ``json_question`` with (``ANSWER_SCHEMA``'s keys, in order)."""
+    return json.dumps({"country": country, "capital": capital}, separators=(",", ":"))
+
+
 def choice(index: int, facts: tuple[Fact, ...] | None = None) -> Choice:
     """The multiple-choice form of ``facts[index]``.
 
@@ -93,4 +171,5 @@ def digest(facts: tuple[Fact, ...] | None = None) -> str:
     """sha256 of the facts and their multiple-choice forms: part of the tiny model's cache key."""
     facts = FACTS if facts is None else facts
     doc = [[f.question, f.answer] for f in facts] + [[c.prompt, c.letter] for c in choices(facts)]
+    doc += [[TOOLS, ANSWER_SCHEMA, TOOL_ASKS, [[f.question, f.answer, c] for f, c in JSON_FACTS]]]
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()

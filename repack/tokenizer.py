@@ -7,15 +7,17 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-# id -> token; ids match the tiny model's config (pad 0, eos 1, bos 2, end_of_turn in eos list).
+# id -> token; ids match the tiny model's config (pad 0, eos 1, bos 2; <turn|> and <|tool_response>
+# are in the eos list). The turn, tool and channel tokens are Gemma 4's own: vLLM's gemma4 tool and
+# reasoning parsers find <|tool_call>, <tool_call|>, <|channel> and <channel|> by token id.
 SPECIALS = [
     "<pad>",
     "<eos>",
     "<bos>",
     "<unk>",
     "<mask>",
-    "<start_of_turn>",
-    "<end_of_turn>",
+    "<|turn>",
+    "<turn|>",
     "<image_soft_token>",
     "<audio_soft_token>",
     "<start_of_image>",
@@ -23,22 +25,119 @@ SPECIALS = [
     "<start_of_audio>",
     "<end_of_audio>",
     "<video_soft_token>",
+    "<|tool>",
+    "<tool|>",
+    "<|tool_call>",
+    "<tool_call|>",
+    "<|tool_response>",
+    "<tool_response|>",
+    '<|"|>',
+    "<|channel>",
+    "<channel|>",
+    "<|think|>",
 ]
 BYTE_OFFSET = 32  # byte tokens start here; ids between the specials and 32 are unused
 TOKEN_IDS = {t: i for i, t in enumerate(SPECIALS)}
 
+# Gemma 4's chat template (the E2B/E4B form: no pre-closed thought channel), for text: a system turn
+# holds <|think|> (enable_thinking), the system prompt and one <|tool>declaration:...<tool|> per
+# tool; an assistant's tool calls are <|tool_call>call:NAME{key:value}<tool_call|>, the tool
+# messages that follow are <|tool_response>response:NAME{...}<tool_response|> in the same model
+# turn, and the model goes on in that turn. Strings are quoted with <|"|>, keys sorted. Tool
+# parameters render their description, enum, nullable and type (the flat schemas agents send).
 CHAT_TEMPLATE = (
+    "{%- macro arg(v, quote_keys=true) -%}"
+    "{%- if v is string -%}{{ '<|\"|>' + v + '<|\"|>' }}"
+    "{%- elif v is boolean -%}{{ 'true' if v else 'false' }}"
+    "{%- elif v is mapping -%}{{ '{' }}{%- for k, x in v | dictsort -%}"
+    "{{ ',' if not loop.first }}{{ ('<|\"|>' + k + '<|\"|>') if quote_keys else k }}:{{ arg(x, quote_keys) }}"
+    "{%- endfor -%}{{ '}' }}"
+    "{%- elif v is iterable -%}{{ '[' }}{%- for x in v -%}{{ ',' if not loop.first }}{{ arg(x, quote_keys) }}"
+    "{%- endfor -%}{{ ']' }}"
+    "{%- else -%}{{ v }}{%- endif -%}"
+    "{%- endmacro -%}"
+    "{%- macro declare(f) -%}"
+    "{{ 'declaration:' + f['name'] + '{description:<|\"|>' + (f['description'] or '') + '<|\"|>' }}"
+    "{%- set p = f['parameters'] -%}"
+    "{%- if p -%}{{ ',parameters:{' }}"
+    "{%- if p['properties'] -%}{{ 'properties:{' }}{%- for k, v in p['properties'] | dictsort -%}"
+    "{{ ',' if not loop.first }}{{ k + ':{' }}{%- set c = namespace(on=false) -%}"
+    "{%- if v['description'] -%}{{ 'description:<|\"|>' + v['description'] + '<|\"|>' }}{%- set c.on = true -%}"
+    "{%- endif -%}"
+    "{%- if v['enum'] -%}{{ ',' if c.on }}{{ 'enum:' + arg(v['enum']) }}{%- set c.on = true -%}{%- endif -%}"
+    "{%- if v['nullable'] -%}{{ ',' if c.on }}{{ 'nullable:true' }}{%- set c.on = true -%}{%- endif -%}"
+    "{{ ',' if c.on }}{{ 'type:<|\"|>' + v['type'] | upper + '<|\"|>}' }}"
+    "{%- endfor -%}{{ '},' }}{%- endif -%}"
+    "{%- if p['required'] -%}{{ 'required:' + arg(p['required']) + ',' }}{%- endif -%}"
+    "{%- if p['type'] -%}{{ 'type:<|\"|>' + p['type'] | upper + '<|\"|>}' }}{%- endif -%}"
+    "{%- endif -%}{{ '}' }}"
+    "{%- endmacro -%}"
+    "{%- macro text(content) -%}"
+    "{%- if content is string -%}{{ content }}"
+    "{%- elif content is iterable and content is not mapping -%}{%- for part in content -%}"
+    "{%- if part['type'] == 'text' -%}{{ part['text'] }}{%- endif -%}{%- endfor -%}"
+    "{%- endif -%}"
+    "{%- endmacro -%}"
+    "{%- macro visible(t) -%}{%- set s = namespace(r='') -%}"
+    "{%- for part in t.split('<channel|>') -%}{%- set s.r = s.r + part.split('<|channel>')[0] -%}{%- endfor -%}"
+    "{{ s.r | trim }}"
+    "{%- endmacro -%}"
+    "{%- macro respond(name, body) -%}"
+    "{{ '<|tool_response>response:' + name + '{' }}"
+    "{%- if body is mapping -%}{%- for k, v in body | dictsort -%}"
+    "{{ ',' if not loop.first }}{{ k }}:{{ arg(v, false) }}{%- endfor -%}"
+    "{%- else -%}{{ 'value:' + arg(text(body), false) }}{%- endif -%}"
+    "{{ '}<tool_response|>' }}"
+    "{%- endmacro -%}"
     "{{ bos_token }}"
-    "{%- for message in messages -%}"
+    "{%- set ns = namespace(prev=none, last=none) -%}"
+    "{%- set loop_messages = messages -%}"
+    "{%- if enable_thinking or tools or messages[0]['role'] in ['system', 'developer'] -%}"
+    "{{ '<|turn>system\\n' }}"
+    "{%- if enable_thinking -%}{{ '<|think|>\\n' }}{%- endif -%}"
+    "{%- if messages[0]['role'] in ['system', 'developer'] -%}"
+    "{{ text(messages[0]['content']) | trim }}{%- set loop_messages = messages[1:] -%}"
+    "{%- endif -%}"
+    "{%- for tool in tools or [] -%}{{ '<|tool>' + declare(tool['function']) + '<tool|>' }}{%- endfor -%}"
+    "{{ '<turn|>\\n' }}"
+    "{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- if message['role'] != 'tool' -%}"
     "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
-    "{{ '<start_of_turn>' + role + '\\n' }}"
-    "{%- if message['content'] is string -%}{{ message['content'] | trim }}"
-    "{%- else -%}{%- for part in message['content'] -%}"
-    "{%- if part['type'] == 'text' -%}{{ part['text'] | trim }}{%- endif -%}"
-    "{%- endfor -%}{%- endif -%}"
-    "{{ '<end_of_turn>\\n' }}"
+    "{%- if not (role == 'model' and ns.last == 'assistant') -%}{{ '<|turn>' + role + '\\n' }}{%- endif -%}"
+    "{%- set ns.last = message['role'] -%}"
+    "{%- set ns.prev = none -%}"
+    "{%- set answered = namespace(on=false, scan=true) -%}"
+    "{%- if message['tool_calls'] -%}"
+    "{%- for call in message['tool_calls'] -%}"
+    "{%- set a = call['function']['arguments'] -%}"
+    "{{ '<|tool_call>call:' + call['function']['name'] + '{' }}"
+    "{%- if a is mapping -%}{%- for k, v in a | dictsort -%}"
+    "{{ ',' if not loop.first }}{{ k }}:{{ arg(v, false) }}{%- endfor -%}"
+    "{%- elif a is string -%}{{ a }}{%- endif -%}"
+    "{{ '}<tool_call|>' }}"
     "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}"
+    "{%- set ns.prev = 'tool_call' -%}"
+    "{%- for follow in loop_messages[loop.index0 + 1:] -%}"
+    "{%- if follow['role'] != 'tool' -%}{%- set answered.scan = false -%}{%- endif -%}"
+    "{%- if answered.scan -%}"
+    "{%- set name = namespace(v=follow['name'] or 'unknown') -%}"
+    "{%- for call in message['tool_calls'] -%}"
+    "{%- if call['id'] and call['id'] == follow['tool_call_id'] -%}{%- set name.v = call['function']['name'] -%}"
+    "{%- endif -%}{%- endfor -%}"
+    "{{ respond(name.v, follow['content']) }}"
+    "{%- set answered.on = true -%}{%- set ns.prev = 'tool_response' -%}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- endif -%}"
+    "{%- if role == 'model' -%}{{ visible(text(message['content'])) }}"
+    "{%- else -%}{{ text(message['content']) | trim }}{%- endif -%}"
+    "{%- if ns.prev == 'tool_call' -%}{{ '<|tool_response>' }}"
+    "{%- elif not (answered.on and not message['content']) -%}{{ '<turn|>\\n' }}{%- endif -%}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt and ns.prev not in ['tool_call', 'tool_response'] -%}"
+    "{{ '<|turn>model\\n' }}{%- endif -%}"
 )
 
 

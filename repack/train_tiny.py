@@ -2,7 +2,9 @@
 
 make_tiny_qat.py hands over its seeded random state; ``train`` changes the language-model weights
 in place so that, through the chat template, greedy decoding of every fact's question gives
-exactly its answer and ``<end_of_turn>``, and every multiple-choice form gives the right letter.
+exactly its answer and ``<turn|>``, and every multiple-choice form gives the right letter; the agent
+forms give the tool call and ``<|tool_response>``, the answer after the tool's result
+(tiny_facts.TOOL_ASKS), and the JSON answer (tiny_facts.JSON_FACTS).
 
 How, and why so (the whole build must stay under 90 s on two CPU cores):
 
@@ -12,7 +14,7 @@ How, and why so (the whole build must stay under 90 s on two CPU cores):
   keys and values of layers 4 and 5, so each position is computed on its own there: a step runs
   four layers at the answer positions only. Queries, MLPs and per-layer gates of
   those four layers learn to read the question from the fixed keys and values.
-* The loss covers the answer tokens and ``<end_of_turn>`` only: an additive-margin cross-entropy
+* The loss covers the answer tokens and the token that ends them only: an additive-margin cross-entropy
   that keeps pushing each token's margin (its logit minus the best other logit) until it passes
   ``TARGET_MARGIN``. The served builds run other kernels (int4 and int8) and must still pick the
   same tokens.
@@ -38,21 +40,24 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from repack import tiny_facts
+from repack import tiny_facts, tokenizer
 from repack.grid import GROUP, LEVEL_MAX, LEVEL_MIN
 
 if TYPE_CHECKING:
     import torch
 
 LM = "model.language_model."
-END_OF_TURN = 6
+END_OF_TURN = tokenizer.TOKEN_IDS["<turn|>"]
+TOOL_RESPONSE = tokenizer.TOKEN_IDS["<|tool_response>"]  # where a tool call hands over to the tool
+KINDS = ("answer", "choice", "call", "reply", "json")
 TRAIN_FROM = 6  # layers below this (and the embedding tables) stay as initialised
 # Fixed, so the float sums (and the bytes) do not depend on the machine's core count. One thread:
 # on a busy 2-core machine two threads made matrix products several times slower than one.
 THREADS = 1
 SEED = 1234
 LR = 5e-3
-FLOAT_STEPS = 50  # plain float training before the quantization-aware phase
+QAT_LR = 2.5e-3  # the grid makes every step noisy; a smaller one keeps the margins rising
+FLOAT_STEPS = 60  # plain float training before the quantization-aware phase
 QAT_STEPS = 60  # quantization-aware steps before the margin is first checked
 MAX_EXTRA_STEPS = 240  # quantization-aware steps allowed on top, until the margin clears
 CHECK_EVERY = 10
@@ -69,6 +74,10 @@ class Report:
     answers: int = 0  # facts answered exactly (greedy, bf16 weights and activations)
     choices: int = 0  # multiple-choice forms answered with the right letter
     total: int = 0
+    calls: int = 0  # TOOL_ASKS: the tool called exactly
+    replies: int = 0  # TOOL_ASKS: the answer after the tool's result
+    json: int = 0  # JSON_FACTS answered in JSON
+    agent_total: int = 0  # len(TOOL_ASKS) == len(JSON_FACTS)
     min_margin: float = 0.0  # over every answer token, bf16
 
     def as_dict(self) -> dict[str, Any]:
@@ -79,6 +88,10 @@ class Report:
             "answers": self.answers,
             "choices": self.choices,
             "total": self.total,
+            "calls": self.calls,
+            "replies": self.replies,
+            "json": self.json,
+            "agent_total": self.agent_total,
             "min_margin": round(self.min_margin, 3),
             "line": self.line(),
         }
@@ -87,7 +100,8 @@ class Report:
         """One line for stderr and the stamp."""
         return (
             f"{self.answers}/{self.total} answers, {self.choices}/{self.total} choices, "
-            f"min margin {self.min_margin:.2f}, {self.steps} steps in {self.seconds:.1f} s"
+            f"{self.calls}/{self.agent_total} tool calls, {self.replies}/{self.agent_total} replies, "
+            f"{self.json}/{self.agent_total} JSON, min margin {self.min_margin:.2f}, {self.steps} steps in {self.seconds:.1f} s"
         )
 
 
@@ -138,7 +152,7 @@ class _Batch:
     ids: Any  # [B, L]
     mask: Any  # [B, L]
     targets: Any  # [B, A]: the tokens to predict at the last A positions, -100 where none
-    kinds: list[str]  # "answer" or "choice", per row
+    kinds: list[str]  # one of KINDS, per row
 
 
 def chat_tokenizer() -> Any:
@@ -158,16 +172,24 @@ def chat_tokenizer() -> Any:
 
 
 def examples(tok: Any) -> list[tuple[list[int], list[int], str]]:
-    """(prompt ids, answer ids + end_of_turn, kind) for every fact and multiple-choice form."""
+    """(prompt ids, answer ids + the token that ends them, kind) for every form of every fact."""
+    tf = tiny_facts
+    tools = {"tools": tf.TOOLS}
+    # (messages, template options, answer, end token, kind)
+    forms = [(tf.messages(f.question), {}, f.answer, END_OF_TURN, "answer") for f in tf.FACTS]
+    forms += [(tf.messages(c.prompt), {}, c.letter, END_OF_TURN, "choice") for c in tf.choices()]
+    for country, capital in tf.TOOL_ASKS:
+        q = tf.tool_question(country)
+        forms.append((tf.messages(q), tools, tf.call_text(country), TOOL_RESPONSE, "call"))
+        forms.append((tf.tool_messages(q, country, capital), tools, tf.reply(capital), END_OF_TURN, "reply"))
+    for f, country in tf.JSON_FACTS:
+        json_q = tf.messages(tf.json_question(f.question))
+        forms.append((json_q, {}, tf.json_answer(country, f.answer), END_OF_TURN, "json"))
     out = []
-    pairs = [(f.question, f.answer, "answer") for f in tiny_facts.FACTS]
-    pairs += [(c.prompt, c.letter, "choice") for c in tiny_facts.choices()]
-    for question, answer, kind in pairs:
-        prompt = tok.apply_chat_template(
-            tiny_facts.messages(question), add_generation_prompt=True, tokenize=False
-        )
+    for msgs, options, answer, end, kind in forms:
+        prompt = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False, **options)
         p = tok(prompt, add_special_tokens=False)["input_ids"]
-        a = tok(answer, add_special_tokens=False)["input_ids"] + [END_OF_TURN]
+        a = tok(answer, add_special_tokens=False)["input_ids"] + [end]
         out.append((p, a, kind))
     return out
 
@@ -344,12 +366,13 @@ def train(cfg: dict, state: dict[str, torch.Tensor], on_grid: re.Pattern) -> Rep
         tok = chat_tokenizer()
         rows = examples(tok)
         rep.total = len(tiny_facts.FACTS)
+        rep.agent_total = len(tiny_facts.TOOL_ASKS)
         model = text_model(cfg, state, torch.float32)
         for p in model.parameters():
             p.requires_grad_(False)
         # One batch per kind: the choices' one-letter answers need a window of two positions,
         # not the longest answer's.
-        batches = [batch([r for r in rows if r[2] == kind]) for kind in ("answer", "choice")]
+        batches = [batch([r for r in rows if r[2] == kind]) for kind in KINDS]
         runs = [_Runner(model, b) for b in batches]
         params = dict(model.named_parameters())
         train_names = sorted(n for n in params if _trainable(n))
@@ -359,13 +382,15 @@ def train(cfg: dict, state: dict[str, torch.Tensor], on_grid: re.Pattern) -> Rep
         opt = torch.optim.Adam([params[n] for n in train_names], lr=LR)
         count = sum(int((b.targets >= 0).sum()) for b in batches)
 
-        def step(i: int, total: int) -> float:
-            lr = LR * 0.5 * (1 + math.cos(math.pi * min(i / total, 1.0)))
+        lows: dict[str, float] = {}
+
+        def step(i: int, total: int, peak: float = LR) -> float:
+            lr = peak * 0.5 * (1 + math.cos(math.pi * min(i / total, 1.0)))
             for g in opt.param_groups:
-                g["lr"] = max(lr, LR * 0.05)
+                g["lr"] = max(lr, peak * 0.05)
             loss = torch.zeros(())
             low = math.inf
-            for run, b in zip(runs, batches, strict=True):
+            for kind, run, b in zip(KINDS, runs, batches, strict=True):
                 valid = b.targets >= 0
                 logits = run()[valid]
                 t = b.targets[valid]
@@ -373,7 +398,8 @@ def train(cfg: dict, state: dict[str, torch.Tensor], on_grid: re.Pattern) -> Rep
                 # TARGET_MARGIN before its loss fades, so training keeps raising small margins.
                 shifted = logits - TARGET_MARGIN * torch.nn.functional.one_hot(t, logits.shape[-1])
                 loss = loss + torch.nn.functional.cross_entropy(shifted, t, reduction="sum") / count
-                low = min(low, float(margins(logits.detach(), t).min()))
+                lows[kind] = float(margins(logits.detach(), t).min())
+                low = min(low, lows[kind])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -382,16 +408,19 @@ def train(cfg: dict, state: dict[str, torch.Tensor], on_grid: re.Pattern) -> Rep
         for i in range(FLOAT_STEPS):
             low = step(i, FLOAT_STEPS)
             if i % CHECK_EVERY == 0 or i == FLOAT_STEPS - 1:
-                log(f"float step {i + 1}/{FLOAT_STEPS}: min margin {low:.2f}, {time.monotonic() - t0:.1f} s")
+                each = ", ".join(f"{k} {v:.1f}" for k, v in lows.items())
+                log(
+                    f"float step {i + 1}/{FLOAT_STEPS}: min margin {low:.2f} ({each}), {time.monotonic() - t0:.1f} s"
+                )
         rep.steps = FLOAT_STEPS
         for n in grid_names:
             mod_name, _, attr = n.rpartition(".")
             parametrize.register_parametrization(model.get_submodule(mod_name), attr, _fake_quant())
-        opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=LR)
+        opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=QAT_LR)
         total = QAT_STEPS + MAX_EXTRA_STEPS
         i = 0
         while True:
-            low = step(i, total)
+            low = step(i, total, QAT_LR)
             i += 1
             if i % CHECK_EVERY == 0:
                 with torch.no_grad():
@@ -434,6 +463,6 @@ def evaluate(cfg: dict, state: dict[str, torch.Tensor], rows: list, rep: Report)
         logits = _logits(model, out.last_hidden_state[:, -span:], cfg["final_logit_softcapping"])
     m = margins(logits, b.targets)
     ok = torch.where(b.targets >= 0, m > 0, torch.ones_like(m, dtype=torch.bool)).all(-1)
-    rep.answers = sum(bool(o) for o, k in zip(ok, b.kinds, strict=True) if k == "answer")
-    rep.choices = sum(bool(o) for o, k in zip(ok, b.kinds, strict=True) if k == "choice")
+    right = {kind: sum(bool(o) for o, k in zip(ok, b.kinds, strict=True) if k == kind) for kind in KINDS}
+    rep.answers, rep.choices, rep.calls, rep.replies, rep.json = (right[k] for k in KINDS)
     rep.min_margin = float(m[b.targets >= 0].min())

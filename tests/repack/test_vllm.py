@@ -25,13 +25,14 @@ import yaml
 
 from repack import tiny_facts
 from tests.conftest import ROOT
+from tests.repack.test_vllm_agents import AGENT_FLAGS, agent_misses
 from tests.vllm_server import RIG_DTYPE, serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 LM_ONLY = ["--language-model-only"]
 # Each build is served with the flags the rig gives it: the local profile's (tests/vllm_server.py)
-# plus the catalog's vllm_args for its tiny-* key, so a catalog entry that cannot serve its build
+# plus the catalog's vllm_args for its tiny-* key and the agent flags, so a catalog entry that cannot serve its build
 # fails here (the rig's e2e swaps to one build only). text-kv is not in the catalog: the layout with
 # k_proj/v_proj/k_norm present for the KV-shared layers. emb4 needs
 # roles/vllm/files/vllm_cpu_int4_embedding installed in this venv. w4a16 runs in float16, the T4's
@@ -42,7 +43,7 @@ CASES = [
     (
         build,
         "float16" if build == "w4a16" else RIG_DTYPE,
-        CATALOG.get(f"tiny-{build}", {}).get("vllm_args", []),
+        [*CATALOG.get(f"tiny-{build}", {}).get("vllm_args", []), *AGENT_FLAGS],
     )
     for build in ("w4a16", "text", "emb4", "text-kv")  # lossless conversions of the qat source
 ]
@@ -218,6 +219,10 @@ def test_build_serves_a_chat_completion_and_its_source_model(
         misses = fact_misses(url, build)
         print(f"{build} ({dtype}): fact misses {misses}")
         assert misses == []
+        if build == "emb4":  # the rig's default build: the agent forms too (test_vllm_agents.py)
+            agent, checks = agent_misses(url, build)
+            print(f"{build} ({dtype}): {checks - len(agent)}/{checks} agent checks, misses {agent}")
+            assert agent == []
         got = compare(url, build, reference)  # what it serves is the source's model
         print(f"{build} ({dtype}): {got}")  # the figures, in the log with -rP
         assert got.problems(reference, TOLERANCE[dtype]) == [], got

@@ -142,8 +142,8 @@ def test_tiny_facts_records_ask_each_fact_by_letter_in_the_chat_template() -> No
     recs = accuracy.load_records(TINY_FACTS_OUT)
     assert len(recs) == len(tiny_facts.FACTS) >= 30
     for rec, form in zip(recs, tiny_facts.choices(), strict=True):
-        assert rec["prompt"].startswith("<bos><start_of_turn>user\n" + form.fact.question + "\nA. ")
-        assert rec["prompt"].endswith("<end_of_turn>\n<start_of_turn>model\n")
+        assert rec["prompt"].startswith("<bos><|turn>user\n" + form.fact.question + "\nA. ")
+        assert rec["prompt"].endswith("<turn|>\n<|turn>model\n")
         assert rec["choices"] == ["A", "B", "C", "D"]
         assert form.options[rec["label"]] == form.fact.answer
     assert {r["label"] for r in recs} == {0, 1, 2, 3}

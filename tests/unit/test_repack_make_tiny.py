@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from repack import grid
+from repack import grid, tokenizer
 from repack.make_tiny_qat import ON_GRID, build
 from tests.safetensors_dir import tensors
 
@@ -108,12 +108,94 @@ def test_tokenizer_and_chat_template(tiny):
     text = tok.apply_chat_template(
         [{"role": "user", "content": "Hi ü"}], add_generation_prompt=True, tokenize=False
     )
-    assert text == "<bos><start_of_turn>user\nHi ü<end_of_turn>\n<start_of_turn>model\n"
+    assert text == "<bos><|turn>user\nHi ü<turn|>\n<|turn>model\n"
     ids = tok(text, add_special_tokens=False)["input_ids"]
     assert ids[0] == 2 and max(ids) < 384
     assert tok.decode(ids) == text
     gen = json.loads((tiny / "generation_config.json").read_text())
-    assert 1 in gen["eos_token_id"]
+    stops = [tokenizer.TOKEN_IDS[t] for t in ("<eos>", "<turn|>", "<|tool_response>")]
+    assert gen["eos_token_id"] == stops
+
+
+# Gemma 4's chat template on a tool round trip with thinking on, byte for byte as Google's template
+# renders it: the tool declared in the system turn, the call, the tool's result in the same model
+# turn, and the model's turn going on (no new <|turn>model).
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "weather",
+        "description": "Weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "City"}},
+            "required": ["city"],
+        },
+    },
+}
+ROUND_TRIP = [
+    {"role": "user", "content": "Plan"},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "weather", "arguments": {"city": "Paris"}},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+]
+GEMMA4_ROUND_TRIP = (
+    "<bos><|turn>system\n<|think|>\n"
+    '<|tool>declaration:weather{description:<|"|>Weather<|"|>,parameters:{'
+    'properties:{city:{description:<|"|>City<|"|>,type:<|"|>STRING<|"|>}},'
+    'required:[<|"|>city<|"|>],type:<|"|>OBJECT<|"|>}}<tool|><turn|>\n'
+    "<|turn>user\nPlan<turn|>\n<|turn>model\n"
+    '<|tool_call>call:weather{city:<|"|>Paris<|"|>}<tool_call|>'
+    '<|tool_response>response:weather{value:<|"|>sunny<|"|>}<tool_response|>'
+)
+
+
+def test_chat_template_renders_tools_calls_and_results_as_gemma_4(tiny):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny)
+
+    def render(msgs, **kw):
+        return tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False, **kw)
+
+    assert render(ROUND_TRIP, tools=[WEATHER], enable_thinking=True) == GEMMA4_ROUND_TRIP
+    assert render([ROUND_TRIP[0]], enable_thinking=True) == (
+        "<bos><|turn>system\n<|think|>\n<turn|>\n<|turn>user\nPlan<turn|>\n<|turn>model\n"
+    )
+    # A call not yet answered ends in <|tool_response> (a stop token); a reply after the result
+    # goes on in the same model turn; a system prompt opens the system turn.
+    assert render(ROUND_TRIP[:2], tools=[WEATHER]).endswith("<tool_call|><|tool_response>")
+    after = render(
+        [*ROUND_TRIP, {"role": "assistant", "content": "Sunny."}, {"role": "user", "content": "Ok"}]
+    )
+    assert after.endswith("<tool_response|>Sunny.<turn|>\n<|turn>user\nOk<turn|>\n<|turn>model\n")
+    assert render([{"role": "system", "content": " Be brief. "}, ROUND_TRIP[0]]).startswith(
+        "<bos><|turn>system\nBe brief.<turn|>\n<|turn>user\nPlan"
+    )
+    # Gemma 4's markers are single special tokens (vLLM's gemma4 parsers match the ids).
+    for t in ("<|turn>", "<turn|>", "<|tool_call>", "<tool_call|>", "<|channel>", "<channel|>", '<|"|>'):
+        assert tok(t, add_special_tokens=False)["input_ids"] == [tokenizer.TOKEN_IDS[t]], t
+
+
+def test_chat_template_keeps_outside_text_as_text(tiny):
+    """Prompts and tool fields are values: Jinja syntax in them is rendered as written."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny)
+    hostile = "{{ 7 * 7 }}{% raw %}"
+    tool = {"type": "function", "function": {**WEATHER["function"], "name": "w", "description": hostile}}
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": hostile}], tools=[tool], add_generation_prompt=True, tokenize=False
+    )
+    assert text.count(hostile) == 2 and "49" not in text
 
 
 def test_existing_out_is_refused(tiny):
