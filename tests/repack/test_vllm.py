@@ -48,19 +48,19 @@ CASES = [
     for build in ("w4a16", "text", "emb4", "text-kv")  # lossless conversions of the qat source
 ]
 
-# 64 token ids: BOS, then 63 drawn with torch.randint(14, 384, generator seed 115) from the tiny
-# vocabulary's ordinary tokens (ids below 14 are specials). A random prompt, not text: the tiny
+# 64 token ids: BOS, then 63 drawn with torch.randint(24, 384, generator seed 9) from the tiny
+# vocabulary's ordinary tokens (ids below 24 are specials). A random prompt, not text: the tiny
 # model puts nearly all probability on one token at most positions, so comparing the top-1
 # log-probability alone says little, but on random ids its greedy choice changes from position to
 # position. `reference` requires every top-1/top-2 gap to be at least the bf16 tolerance, so a
 # flipped token is a real difference, not a near tie. The trained model (docs/tiny-model.md) has
-# near ties on most random prompts (seeds 0..114 all had a gap under 2.9 nats); seed 115's
-# smallest gap is 4.3 nats. Retraining it (other facts, other training code) may need a new seed.
+# near ties on most random prompts (seeds 0..8 of this draw had a gap under 3 nats); seed 9's
+# smallest gap is 3.4 nats. Retraining it (other facts, other training code) may need a new seed.
 PROMPT = [
-    2, 170, 330, 55, 140, 298, 68, 213, 250, 89, 219, 325, 41, 126, 52, 92, 187, 227, 73, 264, 29,
-    364, 26, 103, 313, 45, 26, 161, 90, 201, 130, 225, 29, 327, 158, 94, 159, 239, 347, 153, 379, 66,
-    336, 165, 361, 111, 267, 206, 377, 49, 327, 374, 26, 232, 244, 168, 140, 23, 344, 33, 28, 276,
-    66, 263,
+    2, 214, 172, 78, 101, 326, 272, 211, 382, 157, 305, 222, 268, 75, 336, 130, 329, 288, 93, 155,
+    105, 157, 204, 72, 156, 310, 347, 64, 186, 48, 29, 326, 354, 132, 192, 244, 114, 150, 152, 209,
+    296, 91, 131, 61, 59, 358, 127, 121, 360, 136, 321, 375, 24, 325, 379, 186, 281, 309, 141, 84,
+    250, 246, 247, 334,
 ]  # fmt: skip
 NEW_TOKENS = 16
 TOP_K = 5  # log-probabilities compared: each position's top 5, plus the prompt's own token

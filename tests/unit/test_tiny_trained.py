@@ -23,6 +23,8 @@ from tests.safetensors_dir import tensors
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "repack" / "make_tiny_qat.py"
 EOT = "<turn|>"
+# 383 other tokens each below e**-9 of the top one weigh under 5% together: top-p 0.95 keeps one.
+NUCLEUS_MARGIN = 9.0
 # Where the model stops: <eos>, the end of its turn, or a tool call handing over to the tool.
 STOPS = [tokenizer.TOKEN_IDS[t] for t in ("<eos>", EOT, "<|tool_response>")]
 
@@ -139,8 +141,9 @@ def test_every_on_grid_tensor_is_exactly_on_the_grid(tiny):
     assert (
         rep["calls"] == rep["replies"] == rep["json"] == rep["agent_total"] == len(tiny_facts.TOOL_ASKS) > 0
     )
-    # Training stops at MIN_MARGIN on the grid in float32; the bf16 report keeps the hinge's target.
-    assert rep["min_margin"] >= train_tiny.TARGET_MARGIN
+    # Training stops at MIN_MARGIN on the grid in float32; in bf16 every answer token must still
+    # hold the top-p (0.95) nucleus alone, which the smoke test's sampling relies on.
+    assert rep["min_margin"] >= NUCLEUS_MARGIN
 
 
 def test_training_is_deterministic(monkeypatch):
