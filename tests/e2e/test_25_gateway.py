@@ -3,15 +3,17 @@ a broken model rolled back, and a rig whose vLLM dies is taken out within the he
 interval. The rig's own swaps are proven here too (see test_10_swap): W8A8 answering its facts,
 the rollback to the very checkpoint served before, and the plain swap back to the default.
 
-A steady stream of streamed chats goes through the gateway (TLS, an API key) with the official
-`openai` SDK, without its retries: every failure counts. The requests take turns naming no model
-(the gateway sends them to any rig up), the catalog's alias (every tiny build answers to it), and
-a build. Each answer's `model` (vLLM names the build, whichever name was asked) and the
-X-Gemma-Rig header say which rig answered with which build. test_20 hands the fleet over as
-site.yml stood it up (both rigs on tiny-emb4); this file's rolling swap takes both to tiny-w8a8
-(it is the project's only rolling swap: one rig at a time, in the inventory's order), and the
-last test swaps rig-local back to tiny-emb4 with plain swap.yml for the files after it. Each test
-also stands alone: the fixtures bring the fleet, the gateway and, where a test needs it, a swap.
+A steady stream of chats goes through the gateway (TLS, an API key) with the official `openai` SDK,
+without its retries: every failure counts. They stream, but for the kill of a rig's vLLM: there
+each request is answered whole (the gateway sends one the dead rig held to the other), and one
+stream, which has begun and cannot be sent again, must make the SDK raise. The requests take turns
+naming no model (the gateway sends them to any rig up), the catalog's alias (every tiny build
+answers to it), and a build. Each answer's `model` (vLLM names the build, whichever name was asked)
+and the X-Gemma-Rig header say which rig answered with which build. test_20 hands the fleet over as
+site.yml stood it up (both rigs on tiny-emb4); this file's rolling swap takes both to tiny-w8a8 (it
+is the project's only rolling swap: one rig at a time, in the inventory's order), and the last test
+swaps rig-local back to tiny-emb4 with plain swap.yml for the files after it. Each test also stands
+alone: the fixtures bring the fleet, the gateway and, where a test needs it, a swap.
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionChunk
 
 from tests.ansible_run import run_playbook
 from tests.conftest import ROOT
@@ -57,7 +61,6 @@ KEY = "sk-gw-e2e-0123456789abcdef"  # a test-only key
 URL = "https://127.0.0.1:8443"  # gateway_port, gateway-local's gateway_address
 CERT = ROOT / "build" / "gateway" / "gateway-local.crt"  # gateway_controller_dir
 RATE = 2.0  # requests started per second
-KILL_LOG_SLACK_S = 1.0  # how much earlier than systemd's log line a killed vLLM's clients may see it
 ALIAS = "tiny-gemma-4"  # the tiny builds' alias in the catalog
 NO_MODEL = ""  # a request that names no model: vLLM serves it with whatever it serves
 
@@ -77,11 +80,13 @@ class Answer:
 
 @dataclass
 class Load:
-    """Streamed chats through the gateway at a steady rate, each in its own thread, naming each of
-    ``names`` in turn."""
+    """Chats through the gateway at a steady rate, each in its own thread, naming each of ``names``
+    in turn; streamed unless ``stream`` is false; ``ignore_eos``: each generates ``max_tokens``."""
 
     max_tokens: int = 8
     names: tuple[str, ...] = (NO_MODEL,)
+    stream: bool = True
+    ignore_eos: bool = False
     answers: list[Answer] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
@@ -97,14 +102,17 @@ class Load:
                 model=answer.asked,
                 messages=[{"role": "user", "content": "Say hello."}],
                 max_tokens=self.max_tokens,
-                stream=True,
+                stream=self.stream,
+                extra_body={"ignore_eos": True} if self.ignore_eos else None,
             )
             answer.rig = raw.headers.get("x-gemma-rig", "")
-            for chunk in raw.parse():
+            for chunk in raw.parse() if self.stream else [raw.parse()]:
                 answer.model = chunk.model
-                if not answer.first and chunk.choices and chunk.choices[0].delta.content:
+                choice = chunk.choices[0] if chunk.choices else None
+                text = choice and (choice.delta.content if self.stream else choice.message.content)
+                if not answer.first and text:
                     answer.first = time.time() - answer.start
-                if chunk.choices and chunk.choices[0].finish_reason:
+                if choice and choice.finish_reason:
                     answer.completed = True
         except Exception as exc:  # every failure is counted, whatever its kind
             answer.error = f"{type(exc).__name__}: {exc}"
@@ -450,36 +458,77 @@ def test_a_rig_a_dead_controller_left_drained_is_put_back_by_the_next_run(
     assert_serving(local_rig.container, local_rig.port, served)
 
 
+def a_stream_on(rig: str) -> tuple[ChatCompletionChunk, Iterator[ChatCompletionChunk]]:
+    """A long streamed chat (the SDK's own defaults) that ``rig`` answers, and its first event:
+    while one is open on the other rig, leastconn sends the next one here; those are closed."""
+    http = openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=str(CERT)))
+    client = openai.OpenAI(base_url=f"{URL}/v1", api_key=KEY, http_client=http)
+    elsewhere = []
+    for _ in RIGS:
+        raw = client.chat.completions.with_raw_response.create(
+            model=NO_MODEL,
+            messages=[{"role": "user", "content": "Say hello."}],
+            max_tokens=1500,  # far more than it can generate before the kill
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        if raw.headers.get("x-gemma-rig") == rig:
+            break
+        elsewhere.append(raw)
+    for other in elsewhere:
+        other.http_response.close()
+    assert raw.headers.get("x-gemma-rig") == rig, [r.headers.get("x-gemma-rig") for r in elsewhere]
+    events = iter(raw.parse())
+    return next(events), events
+
+
+# A request in the gateway's log: the rig that answered, the status, and how many times HAProxy
+# sent it (%s, %ST, %rc of the log-format: a "+" before %rc when it went to another rig).
+LOGGED = re.compile(r" \S+/(\S+) \S+ (\d{3}) .* \d+/\d+/\d+/\d+/\+?(\d+) \d+/\d+ client=e2e ")
+
+
 def test_a_dead_rig_is_taken_out_within_the_check_interval(gateway, figure) -> None:
-    """rig-b is left dead (systemd restarts it; the fixture removes it)."""
-    with Load(max_tokens=48) as load:
-        time.sleep(4)
+    """vLLM killed on rig-b under load: HAProxy marks it down within two checks. No request that
+    had no answer yet fails: the gateway sends each one rig-b held (or refused before it was marked
+    down) again, to rig-local. A stream rig-b had begun cannot be sent again: the SDK raises, it
+    never hands the cut answer over as a whole one. rig-b is left dead (systemd restarts it; the
+    fixture removes it)."""
+    since = time.time()
+    first, stream = a_stream_on("rig-b")
+    with Load(max_tokens=48, stream=False, ignore_eos=True) as load:
+        time.sleep(3)
         kill = podman("exec", "gemma-rig-b", "systemctl", "kill", "--signal=SIGKILL", "vllm")
         assert kill.returncode == 0, kill.stderr
         deadline = time.monotonic() + 10
         while not gateway_status()["rig-b"]["state"].startswith("DOWN"):
             assert time.monotonic() < deadline, gateway_status()
             time.sleep(0.2)
-        time.sleep(4)
+        time.sleep(2)
+    events = [first]
+    with pytest.raises(openai.APIConnectionError) as cut:
+        events.extend(stream)
     killed = journal_time("gemma-rig-b", "vllm", "status=9/KILL")
     down = journal_time("gemma-gateway", "haproxy", "be_default/rig-b is DOWN")
-    # The journal logs the exit after the kernel closed vLLM's sockets: a request cut by the kill
-    # can end a moment before that line's time (seen: 0.29 s into a stream, before the log line).
-    cut = killed - KILL_LOG_SLACK_S
-    on_b = [a for a in load.answers if a.rig == "rig-b" and a.start <= killed and (not a.end or a.end > cut)]
+    log = podman("exec", "gemma-gateway", "journalctl", "-u", "haproxy", "-o", "cat", "--no-pager",
+                 f"--since=@{int(since)}").stdout  # fmt: skip
+    retried = [m.groups() for m in LOGGED.finditer(log) if int(m[3])]
     failed = load.failed()
     figure(
         "vLLM killed on one of two rigs behind the gateway",
-        f"marked down {down - killed:.1f} s after the kill; {len(failed)} of {len(load.answers)} requests failed, "
-        f"{len(on_b)} were in flight on it",
+        f"marked down {down - killed:.1f} s after the kill; {len(failed)} of {len(load.answers)} requests "
+        f"failed, {len(retried)} were sent again to the other rig; a stream cut after {len(events)} events: "
+        f"{type(cut.value).__name__} ({cut.value.__cause__})",
     )
     assert down - killed < 3.0  # two failed checks 1 s apart (fall 2, inter 1s)
-    # Only requests the dead rig already held fail; later ones went (or were retried) elsewhere.
-    assert all(a.start <= killed and a.rig in ("rig-b", "") for a in failed), [
-        (a.rig, a.error) for a in failed
-    ]
-    assert len(failed) <= len(on_b)
+    assert not failed, [(a.rig, a.error) for a in failed]
+    assert retried, f"no request was sent again: none was on rig-b at the kill ({load.tally()})"
+    assert {(rig, status) for rig, status, _ in retried} == {("rig-local", "200")}, retried
     assert all(a.rig == "rig-local" for a in load.answers if a.start > down)
+    # The stream: what came before the cut, never a last chunk, and the SDK's connection error for a
+    # chunked body without its end.
+    assert all(not e.choices or not e.choices[0].finish_reason for e in events)
+    assert any(e.choices and e.choices[0].delta.content for e in events)
+    assert "incomplete chunked read" in str(cut.value.__cause__), repr(cut.value.__cause__)
 
 
 def test_swap_back_to_the_default_answers_its_facts(swapped_away, local_rig, figure) -> None:
