@@ -1,5 +1,5 @@
 """What an agent asks of an endpoint, with the official openai SDK: the checks the direct rig
-(test_05_rig_contract) and the gateway (test_27_agents) share. The tool, its examples (TOOL_ASKS),
+(test_05_rig_contract) and the gateway (test_25_gateway) share. The tool, its examples (TOOL_ASKS),
 the JSON schema and the answers are the tiny model's fact set (repack/tiny_facts.py)."""
 
 from __future__ import annotations

@@ -33,8 +33,14 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionChunk
 
+from repack import tiny_facts
 from tests.ansible_run import run_playbook
 from tests.conftest import ROOT
+from tests.e2e.agents import (
+    assert_calls_the_tool,
+    assert_json_schema_answer,
+    assert_streamed_call_is_the_same,
+)
 from tests.e2e.conftest import FLEET_INVENTORY
 from tests.e2e.kill import kill_controller, start_playbook
 from tests.e2e.rig import (
@@ -292,6 +298,17 @@ def test_status_and_query_through_the_gateway(gateway) -> None:
     assert query.rc == 0, query.output[-6000:]
     assert "answered by rig-" in query.output and "through https://127.0.0.1:8443" in query.output
     assert KEY not in status.output + query.output
+
+
+def test_an_agent_through_the_gateway(gateway) -> None:
+    """With the official openai SDK over TLS and a key, naming the alias (docs/agents.md): a tool call
+    comes back parsed, whole and streamed, and a json_schema answer validates, as from the rig itself
+    (test_05_rig_contract), whichever rig and tiny build answers."""
+    http = httpx.Client(verify=ssl.create_default_context(cafile=str(CERT)), timeout=120)
+    client = openai.OpenAI(base_url=f"{URL}/v1", api_key=KEY, max_retries=0, http_client=http)
+    assert_calls_the_tool(client, ALIAS, tiny_facts.TOOL_ASKS[:1])
+    assert_streamed_call_is_the_same(client, ALIAS)
+    assert_json_schema_answer(client, ALIAS)
 
 
 def test_overhead_per_request(gateway, local_rig, figure) -> None:
