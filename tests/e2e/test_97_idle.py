@@ -46,7 +46,7 @@ class Client:
     is nearly always in flight, until stopped."""
 
     def __init__(self, port: int, model: str, key: str) -> None:
-        body = {"model": model, "messages": [{"role": "user", "content": "Count."}], "max_tokens": 1500,
+        body = {"model": model, "messages": [{"role": "user", "content": "Count."}], "max_tokens": 400,
                 "ignore_eos": True}  # fmt: skip
         headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
         self.request = (f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps(body).encode(), headers)
@@ -108,8 +108,10 @@ def test_an_idle_rig_stops_itself_and_a_request_in_flight_keeps_it_up(local_rig,
         assert not client.errors, client.errors
     assert any("requests running: " in " ".join(d["blocked_by"]) for d in decisions), decisions
     assert not any(d["stopping"] for d in decisions) and running(c), decisions
-    # Quiet from here: the timer checks again, and the rig stops itself once idle MINUTES.
+    # Quiet from here: one check records the counters as they stay, then the timer checks again and
+    # the rig stops itself once idle MINUTES.
     quiet = time.monotonic()
+    assert idle(c)["blocked_by"] == []
     rig_exec(c, "systemctl", "start", "vllm-idle.timer")
     journal = ""
     deadline = quiet + MINUTES * 60 + 3 * CHECK_SECONDS
