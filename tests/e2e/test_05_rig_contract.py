@@ -154,3 +154,15 @@ def test_rigctl_query_reports_the_tool_call_it_did_not_run(local_rig) -> None:
     assert (doc["answer"], doc["reasoning_only"], doc["finish_reason"]) == ("", False, "tool_calls"), doc
     [call] = doc["tool_calls"]
     assert call["name"] == tiny_facts.TOOL_NAME and json.loads(call["arguments"]) == {"country": country}
+
+
+def test_the_docs_agent_example_runs_as_written(local_rig) -> None:
+    """docs/agents.md's openai SDK example, run unchanged against the rig, gets the tool's answer."""
+    page = (ROOT / "docs" / "agents.md").read_text()
+    [example] = re.findall(r"```python\n(.*?)```", page, flags=re.S)
+    assert f"127.0.0.1:{local_rig.port}/v1" in example, "the example names the local rig's address"
+    done = subprocess.run(
+        [sys.executable, "-c", example], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Canberra" in done.stdout, done.stdout
