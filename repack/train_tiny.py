@@ -55,12 +55,12 @@ TRAIN_FROM = 6  # layers below this (and the embedding tables) stay as initialis
 # on a busy 2-core machine two threads made matrix products several times slower than one.
 THREADS = 1
 SEED = 1234
-LR = 5e-3
-QAT_LR = 2.5e-3  # the grid makes every step noisy; a smaller one keeps the margins rising
-FLOAT_STEPS = 60  # plain float training before the quantization-aware phase
-QAT_STEPS = 60  # quantization-aware steps before the margin is first checked
-MAX_EXTRA_STEPS = 240  # quantization-aware steps allowed on top, until the margin clears
-CHECK_EVERY = 10
+LR = 2.5e-3  # higher ones made the smallest margins jump about and took longer
+QAT_LR = 1e-3  # the grid makes every step noisy; a smaller one keeps the margins rising
+FLOAT_STEPS = 60  # at most, in plain float, before the quantization-aware phase
+FLOAT_MARGIN = 10.0  # the float phase ends early once every margin reaches this
+QAT_STEPS = 200  # at most, quantization-aware, until the margin on the grid clears MIN_MARGIN
+CHECK_EVERY = 10  # steps between progress lines
 TARGET_MARGIN = 8.0  # what the hinge asks of every answer token (logits are soft-capped at 30)
 MIN_MARGIN = 10.0  # the smallest margin on the snapped weights that ends training
 
@@ -381,15 +381,15 @@ def train(cfg: dict, state: dict[str, torch.Tensor], on_grid: re.Pattern) -> Rep
             params[n].requires_grad_(True)
         opt = torch.optim.Adam([params[n] for n in train_names], lr=LR)
         count = sum(int((b.targets >= 0).sum()) for b in batches)
-
         lows: dict[str, float] = {}
 
-        def step(i: int, total: int, peak: float = LR) -> float:
+        def step(i: int, total: int, peak: float, stop: float) -> float:
+            """One update; none when the smallest margin of this forward already reaches ``stop``
+            (the weights then stay exactly those the margins were measured on)."""
             lr = peak * 0.5 * (1 + math.cos(math.pi * min(i / total, 1.0)))
             for g in opt.param_groups:
                 g["lr"] = max(lr, peak * 0.05)
             loss = torch.zeros(())
-            low = math.inf
             for kind, run, b in zip(KINDS, runs, batches, strict=True):
                 valid = b.targets >= 0
                 logits = run()[valid]
@@ -399,39 +399,32 @@ def train(cfg: dict, state: dict[str, torch.Tensor], on_grid: re.Pattern) -> Rep
                 shifted = logits - TARGET_MARGIN * torch.nn.functional.one_hot(t, logits.shape[-1])
                 loss = loss + torch.nn.functional.cross_entropy(shifted, t, reduction="sum") / count
                 lows[kind] = float(margins(logits.detach(), t).min())
-                low = min(low, lows[kind])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            low = min(lows.values())
+            if low < stop:
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
             return low
 
-        for i in range(FLOAT_STEPS):
-            low = step(i, FLOAT_STEPS)
-            if i % CHECK_EVERY == 0 or i == FLOAT_STEPS - 1:
-                each = ", ".join(f"{k} {v:.1f}" for k, v in lows.items())
-                log(
-                    f"float step {i + 1}/{FLOAT_STEPS}: min margin {low:.2f} ({each}), {time.monotonic() - t0:.1f} s"
-                )
-        rep.steps = FLOAT_STEPS
+        def phase(name: str, steps: int, peak: float, stop: float) -> int:
+            """Up to ``steps`` updates; ends at the first forward whose margins all reach ``stop``."""
+            for i in range(steps):
+                low = step(i, steps, peak, stop)
+                done = low >= stop
+                if i % CHECK_EVERY == 0 or done or i == steps - 1:
+                    each = ", ".join(f"{k} {v:.1f}" for k, v in lows.items())
+                    log(f"{name} step {i + 1}: min margin {low:.2f} ({each}), {time.monotonic() - t0:.1f} s")
+                if done:
+                    return i
+            return steps
+
+        rep.steps = phase("float", FLOAT_STEPS, LR, FLOAT_MARGIN)
         for n in grid_names:
             mod_name, _, attr = n.rpartition(".")
             parametrize.register_parametrization(model.get_submodule(mod_name), attr, _fake_quant())
-        opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=QAT_LR)
-        total = QAT_STEPS + MAX_EXTRA_STEPS
-        i = 0
-        while True:
-            low = step(i, total, QAT_LR)
-            i += 1
-            if i % CHECK_EVERY == 0:
-                with torch.no_grad():
-                    low = min(
-                        float(margins(r()[b.targets >= 0], b.targets[b.targets >= 0]).min())
-                        for r, b in zip(runs, batches, strict=True)
-                    )
-                log(f"QAT step {i}: min margin on the grid {low:.2f}, {time.monotonic() - t0:.1f} s")
-                if (i >= QAT_STEPS and low >= MIN_MARGIN) or i >= total:
-                    break
-        rep.steps += i
+        # The parametrization keeps each weight's Parameter: Adam's moments carry over, and its
+        # first steps do not move every weight by the whole learning rate at once.
+        rep.steps += phase("QAT", QAT_STEPS, QAT_LR, MIN_MARGIN)
         with torch.no_grad():
             for n in train_names:
                 mod_name, _, attr = n.rpartition(".")
