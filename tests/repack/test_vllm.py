@@ -1,6 +1,6 @@
 """Each lossless build loads and generates in vLLM 0.29.0's CPU build on the controller and serves
-the source's model: the same greedy tokens, and log-probabilities within a tolerance set by the
-float format, as transformers computes in float32 on the CPU. Each also answers every fact of the
+the source's model: the same top-1 token wherever the source's choice is clear, and
+log-probabilities within a tolerance set by the float format, as transformers computes in float32 on the CPU. Each also answers every fact of the
 tiny model's set (repack/tiny_facts.py) by chat, exactly.
 
 Reference: transformers' Gemma4ForConditionalGeneration on the bf16 source (``qat``) in float32.
@@ -52,10 +52,13 @@ CASES = [
 # vocabulary's ordinary tokens (ids below 24 are specials). A random prompt, not text: the tiny
 # model puts nearly all probability on one token at most positions, so comparing the top-1
 # log-probability alone says little, but on random ids its greedy choice changes from position to
-# position. `reference` requires every top-1/top-2 gap to be at least the bf16 tolerance, so a
-# flipped token is a real difference, not a near tie. The trained model (docs/tiny-model.md) has
-# near ties on most random prompts (seeds 0..8 of this draw had a gap under 3 nats); seed 9's
-# smallest gap is 3.4 nats. Retraining it (other facts, other training code) may need a new seed.
+# position. The reference's greedy continuation is appended and the server reads the whole
+# sequence as its prompt (teacher forcing), so one near tie cannot send the two sides down
+# different continuations. A served top-1 that differs from the reference's counts wherever the
+# reference's top-1/top-2 gap is at least the case's tolerance: there a flip is a real difference;
+# at a near tie, the float format's rounding may pick either. `reference` requires most positions
+# to be clear, so the check still covers the prompt (the trained model has near ties on random ids;
+# docs/tiny-model.md).
 PROMPT = [
     2, 214, 172, 78, 101, 326, 272, 211, 382, 157, 305, 222, 268, 75, 336, 130, 329, 288, 93, 155,
     105, 157, 204, 72, 156, 310, 347, 64, 186, 48, 29, 326, 354, 132, 192, 244, 114, 150, 152, 209,
@@ -88,12 +91,14 @@ class Tolerance:
 # tolerance. So the bf16 cases hold the rig's datapath to the source's greedy tokens and catch
 # coarse errors only; the float16 cases are the sharp ones.
 TOLERANCE = {"float16": Tolerance(max=0.5, mean=0.05), "bfloat16": Tolerance(max=2.5, mean=0.4)}
+CLEAR_SHARE = 0.75  # of the positions, at least this many must have a gap over the bf16 tolerance
 
 
 @dataclass(frozen=True)
 class Reference:
     tokens: list[int]  # greedy continuation of PROMPT
     logprobs: torch.Tensor  # [positions, vocab]: row r predicts token r + 1 of PROMPT + tokens
+    gaps: torch.Tensor  # [positions]: each row's top-1/top-2 log-probability gap
 
 
 @pytest.fixture(scope="module")
@@ -108,11 +113,12 @@ def reference(builds) -> Reference:
             seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
         logprobs = torch.log_softmax(model(torch.tensor([seq])).logits[0, :-1].double(), -1)
     top2 = logprobs.topk(2, -1).values
-    gap = float((top2[:, 0] - top2[:, 1]).min())
-    assert gap >= max(t.max for t in TOLERANCE.values()), (
-        f"smallest top-1/top-2 gap {gap:.2f} nats: the prompt has a near tie, choose another"
+    gaps = top2[:, 0] - top2[:, 1]
+    clear = float((gaps >= max(t.max for t in TOLERANCE.values())).double().mean())
+    assert clear >= CLEAR_SHARE, (
+        f"only {clear:.0%} of the positions are clear of a near tie: choose another prompt"
     )
-    return Reference(tokens=seq[len(PROMPT) :], logprobs=logprobs)
+    return Reference(tokens=seq[len(PROMPT) :], logprobs=logprobs, gaps=gaps)
 
 
 def _post(url: str, body: dict, timeout: float = 120) -> dict:
@@ -123,24 +129,18 @@ def _post(url: str, body: dict, timeout: float = 120) -> dict:
         return json.loads(r.read())
 
 
-def _token_id(key: str) -> int:
-    return int(key.removeprefix("token_id:"))
-
-
 @dataclass(frozen=True)
 class Comparison:
-    tokens: list[int]  # the served greedy continuation
-    argmax_differs: list[int]  # prompt positions whose served top-1 is not the reference's
+    argmax_differs: list[int]  # positions whose served top-1 is not the reference's
     entries: int
     max: float
     mean: float
 
     def problems(self, ref: Reference, tol: Tolerance) -> list[str]:
         out = []
-        if self.tokens != ref.tokens:
-            out.append(f"greedy tokens {self.tokens} != reference {ref.tokens}")
-        if self.argmax_differs:
-            out.append(f"top-1 differs at prompt positions {self.argmax_differs}")
+        real = [i for i in self.argmax_differs if float(ref.gaps[i - 1]) >= tol.max]
+        if real:
+            out.append(f"top-1 differs at positions {real}, where the reference's choice is clear")
         if self.max > tol.max:
             out.append(f"max |logprob diff| {self.max:.3f} > {tol.max}")
         if self.mean > tol.mean:
@@ -149,32 +149,26 @@ class Comparison:
 
 
 def compare(url: str, name: str, ref: Reference) -> Comparison:
-    """Greedy completion of PROMPT's ids (no template, so both sides see the same tokens)."""
+    """PROMPT's ids and the reference's greedy continuation, read as one prompt (no template, so
+    both sides see the same tokens): every position's top log-probabilities."""
     body = {
         "model": name,
-        "prompt": PROMPT,
-        "max_tokens": NEW_TOKENS,
+        "prompt": PROMPT + ref.tokens,
+        "max_tokens": 1,
         "temperature": 0,
-        "ignore_eos": True,
-        "logprobs": TOP_K,
         "prompt_logprobs": TOP_K,
-        "return_tokens_as_token_ids": True,
     }
     choice = _post(f"{url}/v1/completions", body)["choices"][0]
-    tokens = [_token_id(t) for t in choice["logprobs"]["tokens"]]
     diffs, argmax_differs = [], []
-    # prompt_logprobs[i] is about PROMPT[i] given what precedes it: reference row i - 1.
+    # prompt_logprobs[i] is about token i given what precedes it: reference row i - 1.
     for i, entry in enumerate(choice["prompt_logprobs"][1:], start=1):
         row = ref.logprobs[i - 1]
         diffs += [abs(v["logprob"] - float(row[int(t)])) for t, v in entry.items()]
         top1 = next(int(t) for t, v in entry.items() if v["rank"] == 1)
         if top1 != int(row.argmax()):
             argmax_differs.append(i)
-    for k, top in enumerate(choice["logprobs"]["top_logprobs"]):
-        row = ref.logprobs[len(PROMPT) - 1 + k]
-        diffs += [abs(lp - float(row[_token_id(t)])) for t, lp in top.items()]
-    assert len(diffs) >= (len(PROMPT) - 1 + NEW_TOKENS) * TOP_K, len(diffs)
-    return Comparison(tokens, argmax_differs, len(diffs), max(diffs), sum(diffs) / len(diffs))
+    assert len(diffs) >= (len(PROMPT) + NEW_TOKENS - 1) * TOP_K, len(diffs)
+    return Comparison(argmax_differs, len(diffs), max(diffs), sum(diffs) / len(diffs))
 
 
 def fact_misses(url: str, name: str) -> list[str]:
