@@ -100,7 +100,7 @@ report:
       returned: success
     machine_type: {description: The machine type or TPU accelerator type., type: str, returned: success}
     accelerator: {description: The GPUs (C(1 x nvidia-tesla-t4)) or TPU chips., type: str, returned: success}
-    provisioning_model: {description: standard, spot, flex-start or on-demand., type: str, returned: success}
+    provisioning_model: {description: 'standard, spot, flex-start or on-demand.', type: str, returned: success}
     disks:
       description: The disks that bill (name, type, size_gb, usd_per_month).
       type: list
@@ -110,7 +110,7 @@ report:
     usd_per_hour_stopped: {description: Price per hour while stopped (its disks)., type: float, returned: success}
     usd_per_hour_now: {description: The rate of its state now., type: float, returned: success}
     hours_run: {description: Hours it ran this billing month., type: float, returned: success}
-    hours_run_is: {description: C(measured), C(lower bound) or C(upper bound)., type: str, returned: success}
+    hours_run_is: {description: 'C(measured), C(lower bound) or C(upper bound).', type: str, returned: success}
     hours_unknown:
       description: Hours this month in which earlier runs may have happened that the API no longer shows.
       type: float

@@ -232,8 +232,8 @@ def gce_report(
             bill.compute_per_hour += count * bill.price(f"gpu/{kind}", model, "hour")
             gpus.append(f"{count} x {kind}")
         for nic in instance.get("networkInterfaces") or []:
-            for _ in nic.get("accessConfigs") or []:
-                bill.compute_per_hour += bill.price("external-ipv4", model, "hour")
+            if addresses := len(nic.get("accessConfigs") or []):
+                bill.compute_per_hour += addresses * bill.price("external-ipv4", model, "hour")
         running = status in GCE_BILLED
         hours, how, unknown = _run_hours(instance, status, month[0], now)
         if status == "TERMINATED" and instance.get("lastStopTimestamp") is not None:
@@ -269,7 +269,7 @@ def tpu_report(
             raise CostError(f"acceleratorType is not a TPU type: {_shown(kind)}")
         chips = int(kind.rsplit("-", 1)[1])
         bill.compute_per_hour += chips * bill.price(
-            f"tpu/{kind.split('-')[0]}", provisioning_model, "chip_hour"
+            f"tpu/{kind.split('-', maxsplit=1)[0]}", provisioning_model, "chip_hour"
         )
         created = parse_time(node.get("createTime"), "createTime")
         running = state in TPU_BILLED

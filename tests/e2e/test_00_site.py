@@ -21,7 +21,7 @@ INSTALL_TASKS = (
     "rig_host : Install the base packages",
     "vllm_service : Install the unit",
     "vllm_service : Install the swap journal tool",
-    "vllm_service : Install rigctl, the rig's own command (status, start, stop, logs, query, clamp)",
+    "vllm_service : Install rigctl, the rig's own command (rigctl --help lists what it does)",
 )
 # The checks the unit runs before a start are written by their patch modules (checker:), which
 # compare on the rig: one round trip each, and no change.

@@ -193,6 +193,7 @@ def test_read_only_hides_the_mutating_tools(mcp_dirs) -> None:
         "logs",
         "check_capacity",
         "verify_clamp",
+        "cost",  # it only reads the cloud API and the price table
     }
 
 
