@@ -119,15 +119,30 @@ class Endpoint:
         self.answered_by: str | None = None  # HAProxy's x-gemma-rig header: the rig behind a gateway
         self.error = ""  # why nothing answered
 
-    def http(self, path: str, body: dict | None = None, timeout: float = 5) -> tuple[int, object]:
-        """(status, decoded JSON or None); status -1 when nothing answers."""
+    def _request(self, path: str, body: dict | None = None) -> urllib.request.Request:
+        """``path`` on this endpoint with its key, and ``body`` as JSON when given."""
         headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
         data = json.dumps(body).encode() if body is not None else None
         if data:
             headers["Content-Type"] = "application/json"
-        request = urllib.request.Request(self.url + path, data=data, headers=headers)
+        return urllib.request.Request(self.url + path, data=data, headers=headers)
+
+    def text(self, path: str, limit: int, timeout: float = 10) -> str:
+        """GET ``path``'s body as text, at most ``limit`` bytes; RigctlError when it cannot be read."""
         try:
-            with urllib.request.urlopen(request, timeout=timeout, context=self.context) as response:
+            with urllib.request.urlopen(
+                self._request(path), timeout=timeout, context=self.context
+            ) as response:
+                return response.read(limit).decode("utf-8", "replace")
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise RigctlError(f"{path} unreadable: {getattr(exc, 'reason', exc)}") from None
+
+    def http(self, path: str, body: dict | None = None, timeout: float = 5) -> tuple[int, object]:
+        """(status, decoded JSON or None); status -1 when nothing answers."""
+        try:
+            with urllib.request.urlopen(
+                self._request(path, body), timeout=timeout, context=self.context
+            ) as response:
                 raw, status = response.read(), response.status
                 self.answered_by = response.headers.get("x-gemma-rig")
         except urllib.error.HTTPError as exc:
@@ -428,18 +443,6 @@ def read_metrics(text: str) -> dict[str, float]:
     return sums
 
 
-def metrics_text(api: Endpoint) -> str:
-    """The rig's /metrics page (it needs the key like /v1 does)."""
-    headers = {"Authorization": f"Bearer {api.key}"} if api.key else {}
-    try:
-        with urllib.request.urlopen(
-            urllib.request.Request(api.url + "/metrics", headers=headers), timeout=10
-        ) as r:
-            return r.read(METRICS_MAX_BYTES).decode("utf-8", "replace")
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise RigctlError(f"/metrics unreadable: {getattr(exc, 'reason', exc)}") from None
-
-
 def swap_journal() -> dict | None:
     """The swap journal's from, to and phase, or None (none journalled, or unreadable)."""
     try:
@@ -472,7 +475,7 @@ def idle_observe(rig: Rig) -> dict:
         seen["blocks"].append(f"{rig.unit} is {state}")
     else:
         try:
-            sums = read_metrics(metrics_text(rig.api))
+            sums = read_metrics(rig.api.text("/metrics", METRICS_MAX_BYTES))  # it needs the key like /v1 does
         except RigctlError as exc:
             seen["blocks"].append(str(exc))
         else:
