@@ -12,10 +12,12 @@ import logging
 import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from tests.fake_compute import strict
+from tests.fake_compute.podman import PodmanBacking, parse_pairs
 from tests.fake_compute.state import ApiError, DropConnection, FakeCompute, Faults
 
 LOG = logging.getLogger(__name__)
@@ -51,6 +53,61 @@ MUTATING = frozenset(
     {"insert_instance", "delete_instance", "instance_action", "delete_disk", "insert_firewall",
      "patch_firewall", "update_firewall", "delete_firewall"}
 )  # fmt: skip
+
+
+# The IAM permission each route needs (an instance action: compute.instances.<verb>), from the
+# Compute Engine IAM reference (https://cloud.google.com/compute/docs/reference/rest/v1/instances/start
+# and its sibling pages list "Requires ... IAM permission").
+PERMISSIONS = {
+    "get_instance": "compute.instances.get",
+    "get_guest_attributes": "compute.instances.getGuestAttributes",
+    "list_instances": "compute.instances.list",
+    "insert_instance": "compute.instances.create",
+    "delete_instance": "compute.instances.delete",
+    "get_disk": "compute.disks.get",
+    "delete_disk": "compute.disks.delete",
+    "get_firewall": "compute.firewalls.get",
+    "insert_firewall": "compute.firewalls.create",
+    "patch_firewall": "compute.firewalls.update",
+    "update_firewall": "compute.firewalls.update",
+    "delete_firewall": "compute.firewalls.delete",
+}
+
+
+def required(method: str, path: str, body: dict[str, Any]) -> tuple[str, str] | None:
+    """(permission, resource) a request needs, as the API names them; None when no route matches."""
+    for route_method, pattern, handler in ROUTES:
+        match = route_method == method and pattern.match(path)
+        if not match:
+            continue
+        a = match.groupdict()
+        resource = path.removeprefix("/compute/v1/")
+        if handler in ("get_operation", "wait_operation"):
+            scope = "zoneOperations" if a.get("zone") else "globalOperations"
+            return f"compute.{scope}.get", resource.removesuffix("/wait")
+        if handler == "instance_action":
+            return f"compute.instances.{a['verb']}", resource.rsplit("/", 1)[0]
+        if handler in ("insert_instance", "insert_firewall"):
+            resource += "/" + str(body.get("name", ""))
+        if handler == "get_guest_attributes":
+            resource = resource.rsplit("/", 1)[0]
+        return PERMISSIONS[handler], resource
+    return None
+
+
+def authorize(permissions: dict[str, set[str]], authorization: str, need: tuple[str, str] | None) -> None:
+    """Raise the API's 401 for a missing or unknown token, its 403 for a permission the token lacks."""
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or token not in permissions:
+        raise ApiError(
+            401,
+            "Request had invalid authentication credentials. Expected OAuth 2 access token, login "
+            "cookie or other valid authentication credential. See "
+            "https://developers.google.com/identity/sign-in/web/devconsole-project.",
+            "authError",
+        )
+    if need is not None and need[0] not in permissions[token]:
+        raise ApiError(403, f"Required '{need[0]}' permission for '{need[1]}'", "forbidden")
 
 
 def route(method: str, path: str) -> str | None:
@@ -120,6 +177,8 @@ def _op_scope(a: dict[str, str]) -> str:
 
 class _Handler(BaseHTTPRequestHandler):
     api: FakeCompute  # set on the subclass made per server
+    # token -> the IAM permissions it carries; None: every request is allowed (no auth at all)
+    permissions: dict[str, set[str]] | None = None
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # the request log below replaces the default stderr chatter
@@ -132,6 +191,9 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.loads(raw) if raw.strip() else {}
         self.api.log.append({"method": self.command, "path": parts.path, "query": query, "body": body})
         try:
+            if self.permissions is not None:
+                need = required(self.command, parts.path, body if isinstance(body, dict) else {})
+                authorize(self.permissions, self.headers.get("Authorization", ""), need)
             with self.api.lock:
                 if self.api.faults.status_429 and parts.path.endswith(self.api.faults.status_429_suffix):
                     self.api.faults.status_429 -= 1
@@ -169,9 +231,11 @@ class FakeComputeServer:
     Use as a context manager; ``endpoint`` is what the module's ``api_endpoint`` takes.
     """
 
-    def __init__(self, faults: Faults | None = None, port: int = 0) -> None:
+    def __init__(
+        self, faults: Faults | None = None, port: int = 0, permissions: dict[str, set[str]] | None = None
+    ) -> None:
         self.api = FakeCompute(faults)
-        handler = type("Handler", (_Handler,), {"api": self.api})
+        handler = type("Handler", (_Handler,), {"api": self.api, "permissions": permissions})
         self.httpd = ThreadingHTTPServer(("127.0.0.1", port), handler)
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(
@@ -203,10 +267,26 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8089, help="port on 127.0.0.1 (default 8089)")
     parser.add_argument("--op-delay", type=float, default=0.5, help="seconds before an operation is DONE")
     parser.add_argument("--stockout-zone", action="append", default=[], help="zone whose inserts stock out")
-    args = parser.parse_args()
-    server = FakeComputeServer(
-        Faults(op_delay=args.op_delay, stockout_zones=set(args.stockout_zone)), args.port
+    parser.add_argument(
+        "--permissions",
+        help="JSON file {token: [permission, ...]}: requests need a token with the permission",
     )
+    parser.add_argument(
+        "--podman", action="append", default=[], metavar="INSTANCE=CONTAINER",
+        help="an instance (in --project, --zone) whose status follows the container, started by podman start",
+    )  # fmt: skip
+    parser.add_argument("--project", default="local", help="project of the --podman instances")
+    parser.add_argument("--zone", default="local-a", help="zone of the --podman instances")
+    args = parser.parse_args()
+    permissions = None
+    if args.permissions:
+        table = json.loads(Path(args.permissions).read_text())
+        permissions = {str(token): set(perms) for token, perms in table.items()}
+    server = FakeComputeServer(
+        Faults(op_delay=args.op_delay, stockout_zones=set(args.stockout_zone)), args.port, permissions
+    )
+    for instance, container in parse_pairs(args.podman).items():
+        server.api.seed_instance(args.project, args.zone, instance, PodmanBacking(container))
     print(f"fake Compute API on {server.endpoint}", flush=True)
     with contextlib.suppress(KeyboardInterrupt):
         server.httpd.serve_forever()

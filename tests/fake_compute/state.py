@@ -37,7 +37,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 from zoneinfo import ZoneInfo
 
 from tests.fake_compute import catalog
@@ -94,6 +94,20 @@ class Faults:
     ops_hang: bool = False  # operations started from now on never finish
     wait_max: float = 5.0  # operations.wait returns after this long at most (the API: ~2 minutes)
     hostkeys_delay: float = 0.0  # seconds after a VM is seen RUNNING before its guest publishes host keys
+
+
+class Backing(Protocol):
+    """What really runs behind a fake instance (a podman container, a test's fake rig).
+
+    The instance's settled status follows ``running()``; a start or stop that succeeds calls
+    ``start()`` or ``stop()`` when its operation completes.
+    """
+
+    def running(self) -> bool: ...
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
 
 
 def _url(path: str) -> str:
@@ -215,6 +229,8 @@ class FakeCompute:
         # hostkeys/ (tests may replace a value to play a guest whose keys changed, or a hostile one).
         self.host_keys: dict[str, dict[str, str]] = {}
         self._booted: dict[str, float] = {}
+        # (zone, name) -> what runs behind that instance (seed_instance); absent: the fake's state only.
+        self.backings: dict[tuple[str, str], Backing] = {}
 
     def now(self) -> str:
         return stamp(self.clock())
@@ -288,9 +304,11 @@ class FakeCompute:
             if error:
                 op["error"] = {"errors": [error]}
                 op["httpErrorStatusCode"] = error.pop("_http", 400)
-                op["httpErrorMessage"] = {503: "SERVICE UNAVAILABLE", 403: "FORBIDDEN"}.get(
-                    op["httpErrorStatusCode"], "BAD REQUEST"
-                )
+                op["httpErrorMessage"] = {
+                    503: "SERVICE UNAVAILABLE",
+                    403: "FORBIDDEN",
+                    500: "INTERNAL SERVER ERROR",
+                }.get(op["httpErrorStatusCode"], "BAD REQUEST")
             op["status"] = "DONE"
             op["progress"] = 100
             op["endTime"] = self.now()
@@ -318,7 +336,29 @@ class FakeCompute:
         inst = self.instances.get((zone, name))
         if inst is None:
             raise _not_found(_scope(project, f"zones/{zone}/instances/{name}"))
+        backing = self.backings.get((zone, name))
+        if backing is not None and inst["status"] in ("RUNNING", STOPPED):  # settled: follow what runs
+            inst["status"] = "RUNNING" if backing.running() else STOPPED
         return copy.deepcopy(inst)
+
+    def seed_instance(
+        self, project: str, zone: str, name: str, backing: Backing | None = None, status: str = STOPPED
+    ) -> None:
+        """Record an existing VM (made earlier, outside the test), optionally backed by something real."""
+        zone_path = f"projects/{project}/zones/{zone}"
+        self.instances[(zone, name)] = {
+            "kind": "compute#instance",
+            "id": _uint64_id(),
+            "name": name,
+            "zone": _url(zone_path),
+            "machineType": _url(f"{zone_path}/machineTypes/e2-small"),
+            "status": status,
+            "selfLink": _url(f"{zone_path}/instances/{name}"),
+            "creationTimestamp": self.now(),
+            "labelFingerprint": fingerprint([{}, next(self._ids)]),
+        }
+        if backing is not None:
+            self.backings[(zone, name)] = backing
 
     def get_guest_attributes(self, project: str, zone: str, name: str, query: dict[str, str]) -> dict:
         """instances.getGuestAttributes: what the guest wrote, by queryPath or variableKey.
@@ -957,9 +997,17 @@ class FakeCompute:
                 if live["status"] == "STAGING" and zone in self.faults.stockout_zones:
                     live["status"] = STOPPED
                     return _stockout(project, zone)
+                if (zone, name) in self.backings:
+                    try:
+                        self.backings[(zone, name)].start()
+                    except RuntimeError as exc:  # what runs behind it would not start
+                        live["status"] = STOPPED
+                        return {"code": "INTERNAL_ERROR", "message": str(exc), "_http": 500}
                 live["status"] = "RUNNING"
                 live["lastStartTimestamp"] = self.now()
             elif verb == "stop":
+                if (zone, name) in self.backings:
+                    self.backings[(zone, name)].stop()
                 live["status"] = STOPPED
                 live["lastStopTimestamp"] = self.now()
             elif verb == "setMachineType":
