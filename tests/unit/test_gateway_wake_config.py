@@ -1,0 +1,119 @@
+"""Wake on request as roles/gateway renders it: haproxy.cfg's backup server and rig-waker's configuration.
+
+The role's `tls` and `config` tasks run on the controller, rendering files only
+(gateway_service_manage: false), as tests/unit/test_gateway_gce_backends.py runs them: one
+Compute Engine rig (its project, and the zone roles/gce records) and one local rig. The template
+task runs `haproxy -c` on haproxy.cfg before it is written.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from tests.ansible_run import run_playbook
+from tests.conftest import ROOT, VENV_BIN
+
+KEY = "sk-gw-unit-0123456789abcdef"  # a test-only key
+TOKEN = "ya29.test-only-token-0123"
+
+
+def render(tmp: Path, gateway_vars: dict, gce_rig: dict) -> tuple[int, str, Path]:
+    inventory = tmp / "inventory"
+    (inventory / "group_vars").mkdir(parents=True)
+    (inventory / "group_vars" / "all").symlink_to(ROOT / "inventory" / "group_vars" / "all")
+    local = {"ansible_connection": "local", "ansible_python_interpreter": str(VENV_BIN / "python")}
+    env_a, env_b = tmp / "a.env", tmp / "b.env"
+    env_a.write_text("RIG_MODEL_KEY=emb4\nRIG_SERVED_MODEL_NAME=emb4\nRIG_SERVED_ALIAS=gemma\n")
+    env_b.write_text("RIG_MODEL_KEY=w8a8\nRIG_SERVED_MODEL_NAME=w8a8\nRIG_SERVED_ALIAS=gemma\n")
+    etc = tmp / "etc"
+    gce = {"gce_internal_ip": "10.128.0.7", "rig_endpoint_open": True, "gce_project": "proj-1", **gce_rig}
+    hosts = {
+        "rigs": {
+            "hosts": {"rig-local": {**local, "rig_env_file": str(env_b), "rig_port": 8001}},
+            "children": {"gce": {"hosts": {"rig-1": {**local, "rig_env_file": str(env_a), **gce}}}},
+        },
+        "gateways": {
+            "hosts": {
+                "gw": {
+                    **local,
+                    "gateway_service_manage": False,
+                    "gateway_config_dir": str(etc),
+                    "gateway_admin_socket": str(tmp / "admin.sock"),
+                    "gateway_controller_dir": str(tmp / "ctl"),
+                    "gateway_address": "127.0.0.1",
+                    "gateway_extra_models": ["w4a16"],
+                    **gateway_vars,
+                }
+            }
+        },
+    }
+    (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    secrets = tmp / "secrets.json"
+    secrets.touch(mode=0o600)
+    secrets.write_text(json.dumps({"gateway_api_keys": {"alice": KEY}, "gateway_wake_token": TOKEN}))
+    role = "ansible.builtin.include_role"
+    tasks = [
+        {"name": "TLS", role: {"name": "gateway", "tasks_from": "tls"}},
+        {"name": "Config", role: {"name": "gateway", "tasks_from": "config"}},
+    ]
+    play = tmp / "play.yml"
+    play.write_text(yaml.safe_dump([{"hosts": "gateways", "gather_facts": False, "tasks": tasks}]))
+    run = run_playbook(str(play), "-e", f"@{secrets}", inventory=inventory, timeout=300)
+    assert run.rc in (0, 2), run.output[-4000:]
+    return run.rc, run.output, etc
+
+
+def test_wake_on_gives_every_backend_the_waker_as_backup(tmp_path: Path) -> None:
+    rc, output, etc = render(
+        tmp_path, {"gateway_wake": True, "gateway_wake_port": 8442}, {"rig_gce_zone": "us-east1-c"}
+    )
+    assert rc == 0 and TOKEN not in output
+    cfg = (etc / "haproxy.cfg").read_text()
+    backends = list(cfg.split("\nbackend ")[1:])
+    assert [b.split("\n", 1)[0] for b in backends] == [
+        "be_default", "model_emb4", "model_w4a16", "model_w8a8", "alias_gemma"
+    ]  # fmt: skip
+    for backend in backends:
+        assert "    http-request set-header X-Gemma-Rig-Backend %[be_name]\n" in backend
+        assert "    server rig-waker 127.0.0.1:8442 backup\n" in backend
+    check = subprocess.run(["haproxy", "-c", "-f", str(etc / "haproxy.cfg")], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    waker = json.loads((etc / "gemma-gateway" / "rig-waker.json").read_text())
+    assert (
+        waker["port"] == 8442 and waker["timeout"] == 540 and waker["api"] == "https://compute.googleapis.com"
+    )
+    assert waker["token"] == {"file": "/run/credentials/gemma-rig-waker.service/token"}
+    assert waker["rigs"] == [  # in the inventory's order (groups['rigs'])
+        {"name": "rig-local", "address": "127.0.0.1", "port": 8001, "project": "local", "zone": "local-a",
+         "instance": "rig-local"},
+        {"name": "rig-1", "address": "10.128.0.7", "port": 8000, "project": "proj-1", "zone": "us-east1-c",
+         "instance": "rig-1"},
+    ]  # fmt: skip
+    assert waker["backends"] == {
+        "be_default": ["rig-local", "rig-1"],
+        "model_emb4": ["rig-1"],
+        "model_w4a16": [],  # no rig serves it: the waker answers so at once
+        "model_w8a8": ["rig-local"],
+        "alias_gemma": ["rig-local", "rig-1"],
+    }
+    token = etc / "gemma-gateway" / "rig-waker.token"
+    assert token.read_text() == TOKEN + "\n" and token.stat().st_mode & 0o077 == 0
+    assert (etc / "gemma-gateway" / "rig-waker.json").stat().st_mode & 0o077 == 0
+
+
+def test_wake_off_renders_no_waker(tmp_path: Path) -> None:
+    rc, _, etc = render(tmp_path, {}, {"rig_gce_zone": "us-east1-c"})
+    assert rc == 0
+    assert "rig-waker" not in (etc / "haproxy.cfg").read_text()
+    assert not (etc / "gemma-gateway" / "rig-waker.json").exists()
+
+
+def test_a_gce_rig_without_a_zone_is_refused(tmp_path: Path) -> None:
+    rc, failed, etc = render(tmp_path, {"gateway_wake": True}, {})
+    assert rc == 2
+    assert "Wake on request needs each rig's project and zone: rig-1 has none" in " ".join(failed.split())
+    assert not (etc / "gemma-gateway" / "rig-waker.json").exists()
