@@ -276,3 +276,17 @@ def test_the_forward_target_never_comes_from_the_request(stack: Stack) -> None:
     assert response.status_code == 200, response.text
     assert stack.decoy.log == []
     assert [e["path"] for e in stack.rigs["rig-a"].log if e["path"] != "/health"] == ["/v1/chat/completions"]
+
+
+def test_a_stream_is_relayed_chunk_by_chunk(stack: Stack) -> None:
+    assert chat(stack.sdk())  # rig-a is up now
+    stack.rigs["rig-a"].stream_pause = 0.5
+    began = time.monotonic()
+    stream = stack.sdk().chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True
+    )
+    arrivals = [
+        time.monotonic() - began for chunk in stream if chunk.choices and chunk.choices[0].delta.content
+    ]
+    assert len(arrivals) == 2
+    assert arrivals[0] < 0.4 and arrivals[1] >= 0.5, arrivals  # the first came before the rig's pause ended

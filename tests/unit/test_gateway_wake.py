@@ -1,0 +1,180 @@
+"""Wake on request through the real HAProxy: the rendered gateway, rig-waker and the fake Compute API.
+
+The role renders its files for two stopped local rigs (fake rigs behind fake instances, as in
+tests/unit/test_rig_waker.py) with gateway_wake on; HAProxy runs that configuration here, and
+rig-waker runs from its rendered configuration. A client with the official openai SDK (its default
+timeout and retries; only the gateway's certificate is given) asks for one rig's model: that rig,
+and only it, is started and answers; once its health check passes HAProxy sends it the next
+request itself.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from tests.ansible_run import run_playbook
+from tests.conftest import ROOT, VENV_BIN
+from tests.fake_compute import FakeComputeServer, Faults
+from tests.fake_rig import FakeRig
+from tests.unit.test_rig_waker import MINIMAL, RigBehindVm, free_port
+
+KEY = "sk-gw-unit-0123456789abcdef"  # test-only keys
+RIG_KEY = "sk-rig-unit-0123456789abcdef"
+TOKEN = "waker-token-0123"
+CTL = ROOT / "roles" / "gateway" / "files" / "gateway-ctl"
+WAKER = ROOT / "roles" / "gateway" / "files" / "rig-waker"
+
+
+def wait(condition: object, what: str, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():  # type: ignore[operator]
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Stack:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.etc = tmp / "etc"
+        self.socket = tmp / "admin.sock"
+        self.port = free_port()
+        self.url = f"https://127.0.0.1:{self.port}"
+        self.fake = FakeComputeServer(Faults(op_delay=0.2), permissions={TOKEN: set(MINIMAL)})
+        self.rigs = {"fake-a": FakeRig("tiny-emb4"), "fake-b": FakeRig("tiny-w8a8")}
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def render(self) -> None:
+        inventory = self.tmp / "inventory"
+        (inventory / "group_vars").mkdir(parents=True)
+        (inventory / "group_vars" / "all").symlink_to(ROOT / "inventory" / "group_vars" / "all")
+        local = {"ansible_connection": "local", "ansible_python_interpreter": str(VENV_BIN / "python")}
+        hosts: dict = {"rigs": {"hosts": {}}, "gateways": {"hosts": {}}}
+        for name, rig in self.rigs.items():
+            env = self.tmp / f"{name}.env"
+            env.write_text(f"RIG_MODEL_KEY={rig.model}\nRIG_SERVED_MODEL_NAME={rig.model}\n")
+            hosts["rigs"]["hosts"][name] = {**local, "rig_env_file": str(env), "rig_port": rig.port}
+        hosts["gateways"]["hosts"]["gw"] = {
+            **local,
+            "gateway_service_manage": False,
+            "gateway_config_dir": str(self.etc),
+            "gateway_admin_socket": str(self.socket),
+            "gateway_controller_dir": str(self.tmp / "ctl"),
+            "gateway_bind_address": "127.0.0.1",
+            "gateway_address": "127.0.0.1",
+            "gateway_port": self.port,
+            "gateway_wake": True,
+            "gateway_wake_port": free_port(),
+            "gateway_wake_api": self.fake.endpoint,
+        }
+        (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
+        secrets = self.tmp / "secrets.json"
+        secrets.touch(mode=0o600)
+        secrets.write_text(
+            json.dumps(
+                {"gateway_api_keys": {"alice": KEY}, "rig_api_key": RIG_KEY, "gateway_wake_token": TOKEN}
+            )
+        )
+        role = "ansible.builtin.include_role"
+        tasks = [
+            {"name": "TLS", role: {"name": "gateway", "tasks_from": "tls"}},
+            {"name": "Config", role: {"name": "gateway", "tasks_from": "config"}},
+        ]
+        play = self.tmp / "play.yml"
+        play.write_text(yaml.safe_dump([{"hosts": "gateways", "gather_facts": False, "tasks": tasks}]))
+        run = run_playbook(str(play), "-e", f"@{secrets}", inventory=inventory, timeout=300)
+        assert run.rc == 0, run.output[-6000:]
+        assert TOKEN not in run.output and RIG_KEY not in run.output
+
+    def __enter__(self) -> Stack:
+        self.fake.start()
+        for name, rig in self.rigs.items():
+            rig.__enter__()
+            self.fake.api.seed_instance("local", "local-a", name, RigBehindVm(rig))
+        self.render()
+        config = json.loads((self.etc / "gemma-gateway" / "rig-waker.json").read_text())
+        # What systemd's LoadCredential= hands the unit, here the rendered file itself; a short poll.
+        config["token"] = {"file": str(self.etc / "gemma-gateway" / "rig-waker.token")}
+        config["poll"] = 0.05
+        waker_config = self.tmp / "waker.json"
+        waker_config.write_text(json.dumps(config))
+        self.procs.append(
+            subprocess.Popen(
+                [sys.executable, str(WAKER), "--config", str(waker_config)], stderr=subprocess.PIPE, text=True
+            )
+        )
+        self.procs.append(
+            subprocess.Popen(
+                ["haproxy", "-db", "-f", str(self.etc / "haproxy.cfg")],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+        wait(lambda: self.socket.exists() and self.listening(self.port), "haproxy")
+        wait(lambda: self.listening(config["port"]), "rig-waker")
+        return self
+
+    @staticmethod
+    def listening(port: int) -> bool:
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self.procs:
+            proc.terminate()
+            proc.communicate(timeout=10)
+        for rig in self.rigs.values():
+            rig.__exit__(None, None, None)
+        self.fake.stop()
+
+    def states(self) -> dict[str, str]:
+        cmd = [str(VENV_BIN / "python"), str(CTL), "--socket", str(self.socket), "status"]
+        result = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=30)
+        return {row["rig"]: row["state"] for row in json.loads(result.stdout)}
+
+    def starts(self) -> list[str]:
+        return [r["path"].split("/")[-2] for r in self.fake.api.requests("POST", "/start")]
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    assert shutil.which("haproxy"), "haproxy is not installed on the controller: run scripts/setup.sh"
+    with Stack(tmp_path) as s:
+        yield s
+
+
+def test_a_request_for_a_stopped_model_starts_its_rig_through_the_gateway(stack: Stack) -> None:
+    wait(lambda: set(stack.states().values()) == {"DOWN"}, "both rigs DOWN at the gateway")
+    assert set(stack.states()) == {"fake-a", "fake-b"}  # gateway-ctl leaves rig-waker out
+    verify = ssl.create_default_context(cafile=str(stack.tmp / "ctl" / "gw.crt"))
+    with httpx.Client(verify=verify) as http:
+        assert http.get(stack.url + "/health").status_code == 200  # the waker can answer
+        client = openai.OpenAI(base_url=stack.url + "/v1", api_key=KEY, http_client=http)
+        raw = client.chat.completions.with_raw_response.create(
+            model="tiny-w8a8", messages=[{"role": "user", "content": "hi"}]
+        )
+        assert raw.parse().model == "tiny-w8a8" and raw.headers["x-gemma-rig"] == "rig-waker"
+        assert stack.starts() == ["fake-b"]  # the model's rig, not the first rig
+        wait(lambda: stack.states()["fake-b"] == "UP", "fake-b UP at the gateway")
+        raw = client.chat.completions.with_raw_response.create(
+            model="tiny-w8a8", messages=[{"role": "user", "content": "hi"}]
+        )
+        assert raw.headers["x-gemma-rig"] == "fake-b" and stack.starts() == ["fake-b"]
+    sent = [e["authorization"] for e in stack.rigs["fake-b"].log if e["path"] != "/health"]
+    assert sent == [f"Bearer {RIG_KEY}"] * 2  # the rigs' key through the waker too, never the client's
+    assert stack.fake.api.mismatches == []
