@@ -62,8 +62,9 @@ class RigBehindVm:
 class Stack:
     """The fake API, two fake rigs behind stopped instances, and the waker in front."""
 
-    def __init__(self, tmp: Path, faults: Faults) -> None:
+    def __init__(self, tmp: Path, faults: Faults, token: dict | None = None) -> None:
         self.tmp = tmp
+        self.token = token
         self.fake = FakeComputeServer(faults, permissions={TOKEN: set(MINIMAL)})
         self.rigs = {name: FakeRig(MODEL, stream_pause=0.05) for name in ZONES}
         self.decoy = FakeRig(MODEL)  # what a hostile request would like to reach
@@ -88,7 +89,7 @@ class Stack:
         return {
             "port": self.port,
             "api": self.fake.endpoint,
-            "token": {"file": str(token)},
+            "token": self.token or {"file": str(token)},
             "timeout": 20,
             "poll": 0.05,
             "failure_memory": 30,
@@ -239,13 +240,19 @@ def raw(port: int, request: bytes) -> bytes:
         ({"X-Gemma-Rig-Backend": "be_default"}, b"[1, 2]", 400),
         ({"X-Gemma-Rig-Backend": "be_default", "Content-Length": "-5"}, b"", 400),
         ({"X-Gemma-Rig-Backend": "be_default", "Content-Length": str(10**12)}, b"", 413),
+        (
+            {"X-Gemma-Rig-Backend": "be_default", "Transfer-Encoding": "chunked"},
+            b"-5\r\nabc\r\n0\r\n\r\n",
+            400,
+        ),
+        ({"X-Gemma-Rig-Backend": "be_default", "Transfer-Encoding": "chunked"}, b"zz\r\n", 400),
     ],
 )
 def test_hostile_requests_get_a_clear_4xx_and_start_nothing(
     stack: Stack, headers: dict[str, str], body: bytes, status: int
 ) -> None:
     lines = [b"POST /v1/chat/completions HTTP/1.1", b"Host: x"]
-    if "Content-Length" not in headers:
+    if "Content-Length" not in headers and "Transfer-Encoding" not in headers:
         headers = {**headers, "Content-Length": str(len(body))}
     lines += [f"{k}: {v}".encode() for k, v in headers.items()]
     answer = raw(stack.port, b"\r\n".join(lines) + b"\r\n\r\n" + body)
@@ -290,3 +297,55 @@ def test_a_stream_is_relayed_chunk_by_chunk(stack: Stack) -> None:
     ]
     assert len(arrivals) == 2
     assert arrivals[0] < 0.4 and arrivals[1] >= 0.5, arrivals  # the first came before the rig's pause ended
+
+
+class Metadata:
+    """The GCE metadata server's token endpoint: answers only a request with Metadata-Flavor: Google."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        calls = self.calls = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                calls.append(self.headers.get("Metadata-Flavor"))
+                ok = self.headers.get("Metadata-Flavor") == "Google"
+                body = json.dumps(
+                    {"access_token": TOKEN, "expires_in": 3599, "token_type": "Bearer"}
+                ).encode()
+                self.send_response(200 if ok else 403)
+                self.send_header("Content-Length", str(len(body) if ok else 0))
+                self.end_headers()
+                if ok:
+                    self.wfile.write(body)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        path = "/computeMetadata/v1/instance/service-accounts/default/token"
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}{path}"
+
+
+def test_the_token_comes_from_the_metadata_server_once(tmp_path: Path) -> None:
+    metadata = Metadata()
+    try:
+        with Stack(tmp_path, Faults(op_delay=0.1), token={"metadata": metadata.url}) as stack:
+            assert chat(stack.sdk()) and stack.starts() == ["rig-a"]
+            stack.rigs["rig-a"].healthy = False  # down again: the next request asks the API again
+            stack.fake.api.backings[(ZONES["rig-a"], "rig-a")].on = False
+            assert chat(stack.sdk(f"model_{MODEL}"))
+            assert stack.starts() == ["rig-a", "rig-a"]
+    finally:
+        metadata.httpd.shutdown()
+    assert metadata.calls == ["Google"]  # cached while it is valid
+
+
+def test_a_token_source_that_fails_is_named_at_once(tmp_path: Path) -> None:
+    with Stack(tmp_path, Faults(op_delay=0.1), token={"file": str(tmp_path / "absent")}) as stack:
+        began = time.monotonic()
+        with pytest.raises(openai.InternalServerError, match="absent"):
+            chat(stack.sdk())
+        assert time.monotonic() - began < 8 and stack.starts() == []
