@@ -22,6 +22,12 @@ from tests.fake_compute.state import ApiError, DropConnection, FakeCompute, Faul
 
 LOG = logging.getLogger(__name__)
 
+# The fake's own control, no part of the API (and no token needed): what Compute Engine or a guest
+# does to an instance on its own. POST /fake-admin/zones/Z/instances/N/preempt (or guestTerminate).
+FAKE_ADMIN = re.compile(
+    r"/fake-admin/zones/([a-z0-9-]{1,63})/instances/([a-z0-9-]{1,63})/(preempt|guestTerminate)"
+)
+
 _P = r"/compute/v1/projects/(?P<project>[^/]+)"
 _Z = _P + r"/zones/(?P<zone>[^/]+)"
 # (method, path regex, handler name); first match wins.
@@ -36,6 +42,7 @@ ROUTES: list[tuple[str, re.Pattern[str], str]] = [
         ("POST", _Z + r"/instances/(?P<name>[^/]+)/(?P<verb>[A-Za-z]+)", "instance_action"),
         ("GET", _Z + r"/disks/(?P<name>[^/]+)", "get_disk"),
         ("DELETE", _Z + r"/disks/(?P<name>[^/]+)", "delete_disk"),
+        ("GET", _Z + r"/operations", "list_operations"),
         ("GET", _Z + r"/operations/(?P<name>[^/]+)", "get_operation"),
         ("POST", _Z + r"/operations/(?P<name>[^/]+)/wait", "wait_operation"),
         ("GET", _P + r"/global/operations/(?P<name>[^/]+)", "get_operation"),
@@ -64,6 +71,7 @@ PERMISSIONS = {
     "list_instances": "compute.instances.list",
     "insert_instance": "compute.instances.create",
     "delete_instance": "compute.instances.delete",
+    "list_operations": "compute.zoneOperations.list",
     "get_disk": "compute.disks.get",
     "delete_disk": "compute.disks.delete",
     "get_firewall": "compute.firewalls.get",
@@ -131,6 +139,8 @@ def dispatch(api: FakeCompute, method: str, path: str, query: dict[str, str], bo
                 return replay
             if handler == "get_guest_attributes":
                 return api.get_guest_attributes(a["project"], a["zone"], a["name"], query)
+            if handler == "list_operations":
+                return api.list_operations(a["project"], a["zone"], query)
             answer = _call(api, handler, a, body)
             api.remember(request_id, answer)
             if handler == "insert_instance":
@@ -190,6 +200,9 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(length) if length else b""
         body = json.loads(raw) if raw.strip() else {}
         self.api.log.append({"method": self.command, "path": parts.path, "query": query, "body": body})
+        if parts.path.startswith("/fake-admin/"):
+            self._admin(parts.path)
+            return
         try:
             if self.permissions is not None:
                 need = required(self.command, parts.path, body if isinstance(body, dict) else {})
@@ -215,6 +228,25 @@ class _Handler(BaseHTTPRequestHandler):
                 500,
                 ApiError(500, f"The fake's answer is not the API's: {exc}", "backendError").body,
             )
+        data = json.dumps(answer).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=UTF-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _admin(self, path: str) -> None:
+        """The fake's control route: the instance as it is after the event, or the API's error shape."""
+        match = FAKE_ADMIN.fullmatch(path) if self.command == "POST" else None
+        try:
+            if match is None:
+                raise ApiError(404, f"The fake has no control route {self.command} {path}", "notFound")
+            zone, name, event = match.groups()
+            with self.api.lock:
+                act = self.api.preempt if event == "preempt" else self.api.guest_terminate
+                status, answer = 200, act(zone, name)
+        except ApiError as err:
+            status, answer = err.status, err.body
         data = json.dumps(answer).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json; charset=UTF-8")

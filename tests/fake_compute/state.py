@@ -56,6 +56,8 @@ NETWORK_TIERS = {"PREMIUM", "STANDARD"}
 DISK_MODES = {"READ_WRITE", "READ_ONLY"}
 DISK_INTERFACES = {"SCSI", "NVME"}
 STOPPED = "TERMINATED"
+# zoneOperations.list's filter, the one form the fake parses: `targetId = "N"` (AIP-160).
+_OPS_FILTER = re.compile(r'targetId = "([0-9]{1,20})"')
 
 
 class ApiError(Exception):
@@ -266,7 +268,9 @@ class FakeCompute:
             op["clientOperationId"] = request_id
 
     # ---- operations --------------------------------------------------------------------------
-    def _operation(self, project: str, zone: str | None, kind: str, target: str, apply: Any) -> dict:
+    def _operation(
+        self, project: str, zone: str | None, kind: str, target: str, apply: Any, target_id: str | None = None
+    ) -> dict:
         name = f"operation-{int(time.time() * 1000)}-{next(self._ids)}"
         scope = f"projects/{project}/zones/{zone}" if zone else f"projects/{project}/global"
         now = self.now()
@@ -278,7 +282,9 @@ class FakeCompute:
             "status": "RUNNING",
             "progress": 0,
             "targetLink": _url(target),
-            "targetId": str(next(self._ids)),
+            # The target's own id where it exists already (the API's: an instance's operations
+            # are found by it, zoneOperations.list's filter); a new resource's is made up.
+            "targetId": target_id or str(next(self._ids)),
             "user": "fake-caller@example.com",
             "insertTime": now,
             "startTime": now,
@@ -336,10 +342,101 @@ class FakeCompute:
         inst = self.instances.get((zone, name))
         if inst is None:
             raise _not_found(_scope(project, f"zones/{zone}/instances/{name}"))
-        backing = self.backings.get((zone, name))
-        if backing is not None and inst["status"] in ("RUNNING", STOPPED):  # settled: follow what runs
-            inst["status"] = "RUNNING" if backing.running() else STOPPED
+        self._observe(zone, name)
         return copy.deepcopy(inst)
+
+    def _observe(self, zone: str, name: str) -> None:
+        """A settled backed instance follows what runs; one that stopped by itself was its guest's poweroff."""
+        inst = self.instances[(zone, name)]
+        backing = self.backings.get((zone, name))
+        if backing is None or inst["status"] not in ("RUNNING", STOPPED):
+            return
+        running = backing.running()
+        if inst["status"] == "RUNNING" and not running:
+            self._stopped_by(zone, name, "compute.instances.guestTerminate")
+        elif running:
+            inst["status"] = "RUNNING"
+
+    def _stopped_by(self, zone: str, name: str, kind: str) -> None:
+        """The instance is TERMINATED by something other than an API call: the zone operation the API records."""
+        inst = self.instances[(zone, name)]
+        inst["status"] = STOPPED
+        inst["lastStopTimestamp"] = self.now()
+        project = _last(inst["zone"].rsplit("/zones/", 1)[0])
+        now = self.now()
+        op_name = f"systemevent-{int(time.time() * 1000)}-{next(self._ids)}"
+        scope = f"projects/{project}/zones/{zone}"
+        self.operations[op_name] = {
+            "kind": "compute#operation",
+            "id": str(next(self._ids)),
+            "name": op_name,
+            "operationType": kind,
+            "status": "DONE",
+            "progress": 100,
+            "targetLink": inst["selfLink"],
+            "targetId": inst["id"],
+            "user": "system",
+            "insertTime": now,
+            "startTime": now,
+            "endTime": now,
+            "selfLink": _url(f"{scope}/operations/{op_name}"),
+            "zone": _url(scope),
+        }
+
+    def preempt(self, zone: str, name: str) -> dict[str, Any]:
+        """Compute Engine preempts a spot VM: what runs behind it stops, it is TERMINATED, and the zone
+        records a ``compute.instances.preempted`` operation by ``system``. Only a RUNNING one can be."""
+        inst = self.get_instance(zone, name)
+        if inst["status"] != "RUNNING":
+            raise ApiError(400, f"The fake preempts RUNNING instances only; {name} is {inst['status']}.")
+        backing = self.backings.get((zone, name))
+        if backing is not None:
+            backing.stop()
+        self._stopped_by(zone, name, "compute.instances.preempted")
+        return self.get_instance(zone, name)
+
+    def guest_terminate(self, zone: str, name: str) -> dict[str, Any]:
+        """The guest powers off (idle stop does): ``compute.instances.guestTerminate``."""
+        inst = self.get_instance(zone, name)
+        if inst["status"] != "RUNNING":
+            raise ApiError(400, f"Only a RUNNING instance's guest can power off; {name} is {inst['status']}.")
+        backing = self.backings.get((zone, name))
+        if backing is not None:
+            backing.stop()
+        self._stopped_by(zone, name, "compute.instances.guestTerminate")
+        return self.get_instance(zone, name)
+
+    def list_operations(self, project: str, zone: str, query: dict[str, str]) -> dict[str, Any]:
+        """zoneOperations.list with the one filter form the fake knows (``targetId = "N"``, AIP-160);
+        any other filter, or a paging parameter, is refused as the API refuses what it cannot parse."""
+        unknown = set(query) - {"filter"}
+        if unknown:
+            raise _invalid(
+                sorted(unknown)[0], query[sorted(unknown)[0]], "The fake supports only 'filter' here."
+            )
+        wanted = None
+        if "filter" in query:
+            match = _OPS_FILTER.fullmatch(query["filter"])
+            if match is None:
+                raise _invalid("filter", query["filter"], "Invalid list filter expression.")
+            wanted = match.group(1)
+        for key in [k for k in self.instances if k[0] == zone]:
+            self._observe(*key)
+        self.tick()
+        scope = f"projects/{project}/zones/{zone}"
+        items = [
+            copy.deepcopy(op)
+            for op in self.operations.values()
+            if op.get("zone") == _url(scope) and (wanted is None or op["targetId"] == wanted)
+        ]
+        answer: dict[str, Any] = {
+            "kind": "compute#operationList",
+            "id": f"{scope}/operations",
+            "selfLink": _url(f"{scope}/operations"),
+        }
+        if items:
+            answer["items"] = items
+        return answer
 
     def seed_instance(
         self, project: str, zone: str, name: str, backing: Backing | None = None, status: str = STOPPED
@@ -1052,7 +1149,7 @@ class FakeCompute:
             return None
 
         return self._operation(
-            project, zone, verb, f"projects/{project}/zones/{zone}/instances/{name}", apply
+            project, zone, verb, f"projects/{project}/zones/{zone}/instances/{name}", apply, inst["id"]
         )
 
     # ---- disks -------------------------------------------------------------------------------

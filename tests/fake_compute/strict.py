@@ -36,6 +36,7 @@ RESPONSE_TYPES = {
     "get_disk": "Disk",
     "get_firewall": "Firewall",
     "get_guest_attributes": "GuestAttributes",
+    "list_operations": "OperationList",
 }
 _INT64 = {
     FieldDescriptor.TYPE_INT64,
