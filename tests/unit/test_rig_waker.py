@@ -3,7 +3,7 @@
 Each test runs the waker as the gateway host does (its own process, python3, the JSON configuration
 the role renders) in front of two stopped fake instances, each backed by a fake rig whose /health
 answers 200 only a moment after its instance was started. The fake API checks the waker's token
-against the three permissions docs/gateway.md gives its service account. HAProxy is left out: the
+against the four permissions docs/gateway.md gives its service account. HAProxy is left out: the
 waker is called as HAProxy's backup server calls it, with the backend in X-Gemma-Rig-Backend.
 """
 
@@ -31,7 +31,12 @@ MODEL = "tiny-emb4"
 PROJECT = "p1"
 ZONES = {"rig-a": "us-central1-a", "rig-b": "us-central1-b"}
 TOKEN = "waker-token-0123"  # a test-only token
-MINIMAL = {"compute.instances.get", "compute.instances.start", "compute.zoneOperations.get"}
+MINIMAL = {
+    "compute.instances.get",
+    "compute.instances.start",
+    "compute.zoneOperations.get",
+    "compute.zoneOperations.list",  # spot recovery: why an instance stopped
+}
 
 
 def free_port() -> int:
@@ -70,7 +75,7 @@ class Stack:
         self.decoy = FakeRig(MODEL)  # what a hostile request would like to reach
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen[str] | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     def config(self) -> dict:
         rigs = [
@@ -109,9 +114,9 @@ class Stack:
         self.decoy.__enter__()
         path = self.tmp / "waker.json"
         path.write_text(json.dumps(self.config()))
-        self.proc = subprocess.Popen(
-            [sys.executable, str(WAKER), "--config", str(path)], stderr=subprocess.PIPE, text=True
-        )
+        # Its journal, in a file: a test can read the decisions while it runs.
+        with (self.tmp / "waker.log").open("w") as journal:
+            self.proc = subprocess.Popen([sys.executable, str(WAKER), "--config", str(path)], stderr=journal)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             with socket.socket() as s:
@@ -123,10 +128,15 @@ class Stack:
     def __exit__(self, *exc: object) -> None:
         assert self.proc is not None
         self.proc.terminate()
-        self.log = self.proc.communicate(timeout=10)[1]
+        self.proc.wait(timeout=10)
         for rig in [*self.rigs.values(), self.decoy]:
             rig.__exit__(None, None, None)
         self.fake.stop()
+
+    @property
+    def log(self) -> str:
+        """What the waker logged so far (one line per decision)."""
+        return (self.tmp / "waker.log").read_text()
 
     def starts(self) -> list[str]:
         return [r["path"].split("/")[-2] for r in self.fake.api.requests("POST", "/start")]
