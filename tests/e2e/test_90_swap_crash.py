@@ -88,6 +88,13 @@ def journal() -> dict:
     return json.loads(text) if text.strip() else {}
 
 
+def phase_of(swap: dict, to: str) -> str | None:
+    """The phase of the journalled swap ``swap`` when it goes to ``to``; None for any other swap.
+    A probe reads the journal once and asks this (each read is a `podman exec`, whose CPU the swap
+    under test would otherwise share)."""
+    return swap.get("phase") if swap.get("to") == to else None
+
+
 def wait_for(what: str, probe: Callable[[], object], timeout: float = SERVE_TIMEOUT) -> object:
     """Poll ``probe`` until it returns something true; fail naming ``what`` after ``timeout``."""
     deadline = time.monotonic() + timeout
@@ -201,9 +208,7 @@ def test_killed_while_pushing(rig: Path, tmp_path: Path, figure) -> None:
 def test_killed_right_after_the_switch(rig: Path, tmp_path: Path) -> None:
     bring(rig, NEW)
     proc = start_swap(OLD, rig, log=tmp_path / "swap.log")
-    wait_for(
-        "the switch", lambda: journal().get("phase") in ("switching", "trial") and journal()["to"] == OLD
-    )
+    wait_for("the switch", lambda: phase_of(journal(), OLD) in ("switching", "trial"))
     kill_controller(proc)
 
     # The switch and the restart are one step on the rig: it goes on without the controller,
@@ -252,7 +257,7 @@ def test_hung_up_and_killed_during_the_switch_the_restart_goes_on(rig: Path, tmp
     hup = podman("exec", CONTAINER, "sh", "-c", f"kill -HUP -- -{pgid}; kill -CONT {pid}")
     assert hup.returncode == 0, hup.stderr
 
-    wait_for("the trial start", lambda: journal().get("phase") == "trial" and journal()["to"] == NEW)
+    wait_for("the trial start", lambda: phase_of(journal(), NEW) == "trial")
     assert rig_sh("readlink /opt1/models/current").strip() == journal()["to_target"]
     run = swap(NEW, rig)
     assert run.rc == 0, run.output[-6000:]
@@ -274,9 +279,7 @@ def test_killed_during_the_rollback(rig: Path, broken_catalog: Path, tmp_path: P
     models = load_catalog(rig) | load_catalog(broken_catalog)
     both.write_text(yaml.safe_dump({"rig_models": models}))
     proc = start_swap("tiny-broken", both, log=tmp_path / "swap.log")
-    wait_for(
-        "the rollback", lambda: journal().get("phase") == "rolled-back" and journal()["to"] == "tiny-broken"
-    )
+    wait_for("the rollback", lambda: phase_of(journal(), "tiny-broken") == "rolled-back")
     kill_controller(proc)
 
     serves(rig, OLD)
@@ -297,13 +300,35 @@ UNCLAMP = (
 )
 
 
+# A runtime drop-in (gone with the next boot, removed by the test) that paces systemd's automatic
+# restarts faster than the unit's RestartSec: the test waits for the start limit, not the pacing.
+PACE_DROP_IN = "/run/systemd/system/vllm.service.d/zz-test-restart-pace.conf"
+
+
+def unit_setting(unit_text: str, name: str) -> int:
+    """A whole-seconds setting (``name=N``) of the unit as `systemctl cat` shows it."""
+    found = re.findall(rf"^{name}=(\d+)$", unit_text, re.MULTILINE)
+    assert found, f"the unit sets no {name}=N:\n{unit_text}"
+    return int(found[-1])
+
+
 def test_a_missing_clamp_makes_the_unit_give_up_with_the_reason(rig: Path) -> None:
     """Every start fails in ExecStartPre: systemd stops retrying at the start limit; `systemctl
-    status` says so and names the failing check, status.yml adds the check's own words."""
+    status` says so and names the failing check, status.yml adds the check's own words.
+
+    The unit's own pacing is checked to reach the start limit within its interval; the restarts
+    then run 1 s apart (PACE_DROP_IN) instead of RestartSec apart, which only waits."""
     serving = served_build(PORT)
+    unit = rig_sh("systemctl cat vllm")
+    burst, interval = unit_setting(unit, "StartLimitBurst"), unit_setting(unit, "StartLimitIntervalSec")
+    assert burst * unit_setting(unit, "RestartSec") < interval, unit
+    own_pace = rig_sh("systemctl show vllm -p RestartUSec --value").strip()
     unclamp = f'cp {ATTENTION} /opt1/attention.orig && /usr/bin/python3 -c "{UNCLAMP}" {ATTENTION} && echo ok'
     assert rig_sh(unclamp).strip() == "ok"
+    pace = f"mkdir -p {Path(PACE_DROP_IN).parent} && printf '[Service]\\nRestartSec=1\\n' > {PACE_DROP_IN}"
     try:
+        assert rig_sh(f"{pace} && systemctl daemon-reload && echo ok").strip() == "ok"
+        assert rig_sh("systemctl show vllm -p RestartUSec --value").strip() == "1s"
         restart_vllm_once()
         # Between automatic restarts the unit is `activating (auto-restart)`; `failed` means
         # systemd has given up.
@@ -323,7 +348,11 @@ def test_a_missing_clamp_makes_the_unit_give_up_with_the_reason(rig: Path) -> No
         assert "gave up after repeated failed starts (start limit hit" in said(run), run.output[-4000:]
         assert "clamp-check: turing clamp missing from" in said(run)
     finally:
-        rig_sh(f"cp /opt1/attention.orig {ATTENTION}; systemctl reset-failed vllm; systemctl start vllm")
+        rig_sh(
+            f"rm -f {PACE_DROP_IN}; systemctl daemon-reload; cp /opt1/attention.orig {ATTENTION}; "
+            "systemctl reset-failed vllm; systemctl start vllm"
+        )
+    assert rig_sh("systemctl show vllm -p RestartUSec --value").strip() == own_pace  # the drop-in is gone
     serves(rig, serving)
 
 
