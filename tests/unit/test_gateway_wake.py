@@ -5,7 +5,8 @@ tests/unit/test_rig_waker.py) with gateway_wake on; HAProxy runs that configurat
 rig-waker runs from its rendered configuration. A client with the official openai SDK (its default
 timeout and retries; only the gateway's certificate is given) asks for one rig's model: that rig,
 and only it, is started and answers; once its health check passes HAProxy sends it the next
-request itself.
+request itself. Spot recovery: two spot rigs serving one model, one preempted (its port closed, as
+a stopped VM's), is started again by the waker while HAProxy serves every request from the other.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -47,15 +50,35 @@ def wait(condition: object, what: str, timeout: float = 15) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+class PoweredRig(RigBehindVm):
+    """A fake rig whose VM really goes away: stopped, its port refuses connections; started, it listens again."""
+
+    def stop(self) -> None:
+        super().stop()
+        self.rig.server.shutdown()
+        self.rig.server.server_close()
+
+    def start(self) -> None:
+        if self.rig.server.socket.fileno() == -1:  # closed by stop(): listen again on the same port
+            server = ThreadingHTTPServer(("127.0.0.1", self.rig.port), self.rig.server.RequestHandlerClass)
+            server.daemon_threads = True
+            self.rig.server = server
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+        super().start()
+
+
 class Stack:
-    def __init__(self, tmp: Path) -> None:
+    def __init__(
+        self, tmp: Path, models: tuple[str, str] = ("tiny-emb4", "tiny-w8a8"), spot: bool = False
+    ) -> None:
         self.tmp = tmp
         self.etc = tmp / "etc"
         self.socket = tmp / "admin.sock"
         self.port = free_port()
         self.url = f"https://127.0.0.1:{self.port}"
         self.fake = FakeComputeServer(Faults(op_delay=0.2), permissions={TOKEN: set(MINIMAL)})
-        self.rigs = {"fake-a": FakeRig("tiny-emb4"), "fake-b": FakeRig("tiny-w8a8")}
+        self.rigs = {"fake-a": FakeRig(models[0]), "fake-b": FakeRig(models[1])}
+        self.spot = spot
         self.procs: list[subprocess.Popen[str]] = []
 
     def render(self) -> None:
@@ -68,6 +91,8 @@ class Stack:
             env = self.tmp / f"{name}.env"
             env.write_text(f"RIG_MODEL_KEY={rig.model}\nRIG_SERVED_MODEL_NAME={rig.model}\n")
             hosts["rigs"]["hosts"][name] = {**local, "rig_env_file": str(env), "rig_port": rig.port}
+            if self.spot:
+                hosts["rigs"]["hosts"][name]["gateway_wake_spot"] = True
         hosts["gateways"]["hosts"]["gw"] = {
             **local,
             "gateway_service_manage": False,
@@ -104,12 +129,16 @@ class Stack:
         self.fake.start()
         for name, rig in self.rigs.items():
             rig.__enter__()
-            self.fake.api.seed_instance("local", "local-a", name, RigBehindVm(rig))
+            self.fake.api.seed_instance(
+                "local", "local-a", name, PoweredRig(rig) if self.spot else RigBehindVm(rig)
+            )
         self.render()
         config = json.loads((self.etc / "gemma-gateway" / "rig-waker.json").read_text())
         # What systemd's LoadCredential= hands the unit, here the rendered file itself; a short poll.
         config["token"] = {"file": str(self.etc / "gemma-gateway" / "rig-waker.token")}
         config["poll"] = 0.05
+        self.rendered = dict(config)
+        config["watch"] = 0.2  # a short watch: what the role renders is checked in the tests
         waker_config = self.tmp / "waker.json"
         waker_config.write_text(json.dumps(config))
         self.procs.append(
@@ -142,10 +171,21 @@ class Stack:
             rig.__exit__(None, None, None)
         self.fake.stop()
 
+    def ctl(self, *args: str) -> str:
+        waker = str(self.tmp / "waker.json")
+        cmd = [
+            str(VENV_BIN / "python"),
+            str(CTL),
+            "--socket",
+            str(self.socket),
+            "--waker-config",
+            waker,
+            *args,
+        ]
+        return subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=30).stdout
+
     def states(self) -> dict[str, str]:
-        cmd = [str(VENV_BIN / "python"), str(CTL), "--socket", str(self.socket), "status"]
-        result = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=30)
-        return {row["rig"]: row["state"] for row in json.loads(result.stdout)}
+        return {row["rig"]: row["state"] for row in json.loads(self.ctl("status"))}
 
     def starts(self) -> list[str]:
         return [r["path"].split("/")[-2] for r in self.fake.api.requests("POST", "/start")]
@@ -178,3 +218,64 @@ def test_a_request_for_a_stopped_model_starts_its_rig_through_the_gateway(stack:
     sent = [e["authorization"] for e in stack.rigs["fake-b"].log if e["path"] != "/health"]
     assert sent == [f"Bearer {RIG_KEY}"] * 2  # the rigs' key through the waker too, never the client's
     assert stack.fake.api.mismatches == []
+
+
+def test_a_preempted_spot_rig_is_started_again_while_the_other_serves(tmp_path: Path) -> None:
+    assert shutil.which("haproxy"), "haproxy is not installed on the controller: run scripts/setup.sh"
+    with Stack(tmp_path, models=("tiny-emb4", "tiny-emb4"), spot=True) as stack:
+        assert [r["spot"] for r in stack.rendered["rigs"]] == [True, True] and stack.rendered["watch"] == 30
+        for name in stack.rigs:  # both up, started as a user would (not by the waker)
+            with stack.fake.api.lock:
+                stack.fake.api.instance_action("local", "local-a", name, "start", {})
+        wait(lambda: set(stack.states().values()) == {"UP"}, "both rigs UP at the gateway")
+        verify = ssl.create_default_context(cafile=str(stack.tmp / "ctl" / "gw.crt"))
+        answered: list[str] = []
+        failures: list[str] = []
+        done = threading.Event()
+
+        def ask() -> None:
+            with httpx.Client(verify=verify, timeout=30) as http:
+                while not done.is_set():
+                    body = {"model": "tiny-emb4", "messages": [{"role": "user", "content": "hi"}]}
+                    try:
+                        answer = http.post(stack.url + "/v1/chat/completions", json=body,
+                                           headers={"Authorization": f"Bearer {KEY}"})  # fmt: skip
+                    except httpx.HTTPError as exc:
+                        failures.append(repr(exc))
+                        continue
+                    if answer.status_code == 200:
+                        answered.append(answer.headers["x-gemma-rig"])
+                    else:
+                        failures.append(f"{answer.status_code} {answer.text[:200]}")
+                    time.sleep(0.02)
+
+        client = threading.Thread(target=ask)
+        client.start()
+        try:
+            wait(lambda: {"fake-a", "fake-b"} <= set(answered), "both rigs answering")
+            preempted = httpx.post(f"{stack.fake.endpoint}/fake-admin/zones/local-a/instances/fake-b/preempt")
+            assert preempted.status_code == 200
+            since = len(answered)
+            wait(lambda: stack.starts() == ["fake-b"], "the waker starting fake-b again", timeout=10)
+            wait(
+                lambda: ", started again at " in stack.ctl("status", "--text"),
+                "the recovery done",
+                timeout=30,
+            )
+            wait(lambda: stack.states()["fake-b"] == "UP", "fake-b UP again at the gateway", timeout=30)
+            recovered = len(answered)
+            wait(lambda: "fake-b" in answered[recovered:], "fake-b answering again")
+        finally:
+            done.set()
+            client.join(30)
+        assert failures == [] and "fake-a" in answered[since:]
+        assert "rig-waker" not in answered  # the other rig served; nothing waited on a start
+        lines = stack.ctl("status", "--text").splitlines()
+        line = next(x for x in lines if x.startswith("fake-b: UP"))
+        assert "; recovery: preempted at " in line and ", started again at " in line, line
+        assert "recovery: spot, no preemption seen" in next(x for x in lines if x.startswith("fake-a"))
+        # rig-waker's status is not the gateway's to serve: HAProxy forwards only the rigs' paths.
+        with httpx.Client(verify=verify) as http:
+            relayed = http.get(stack.url + "/waker/status", headers={"Authorization": f"Bearer {KEY}"})
+        assert relayed.status_code == 404 and "path not served" in relayed.text
+        assert stack.fake.api.mismatches == []
