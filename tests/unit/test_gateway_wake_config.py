@@ -69,7 +69,9 @@ def render(tmp: Path, gateway_vars: dict, gce_rig: dict) -> tuple[int, str, Path
 
 def test_wake_on_gives_every_backend_the_waker_as_backup(tmp_path: Path) -> None:
     rc, output, etc = render(
-        tmp_path, {"gateway_wake": True, "gateway_wake_port": 8442}, {"rig_gce_zone": "us-east1-c"}
+        tmp_path,
+        {"gateway_wake": True, "gateway_wake_port": 8442},
+        {"rig_gce_zone": "us-east1-c", "gce_provisioning_model": "spot"},
     )
     assert rc == 0 and TOKEN not in output
     cfg = (etc / "haproxy.cfg").read_text()
@@ -86,12 +88,13 @@ def test_wake_on_gives_every_backend_the_waker_as_backup(tmp_path: Path) -> None
     assert (
         waker["port"] == 8442 and waker["timeout"] == 540 and waker["api"] == "https://compute.googleapis.com"
     )
+    assert waker["watch"] == 30  # spot recovery's look at the spot rigs
     assert waker["token"] == {"file": "/run/credentials/gemma-rig-waker.service/token"}
     assert waker["rigs"] == [  # in the inventory's order (groups['rigs'])
         {"name": "rig-local", "address": "127.0.0.1", "port": 8001, "project": "local", "zone": "local-a",
-         "instance": "rig-local"},
+         "instance": "rig-local", "spot": False},
         {"name": "rig-1", "address": "10.128.0.7", "port": 8000, "project": "proj-1", "zone": "us-east1-c",
-         "instance": "rig-1"},
+         "instance": "rig-1", "spot": True},  # gce_provisioning_model: spot
     ]  # fmt: skip
     assert waker["backends"] == {
         "be_default": ["rig-local", "rig-1"],
