@@ -70,6 +70,21 @@ ModelKey = Annotated[str, Field(description="A catalog key (see list_models).", 
 
 # Which tools change a rig (held under the rig lock, hidden by --read-only).
 MUTATING = ("start", "stop", "restart", "swap", "bench")
+# status.yml's task that registers gateway-ctl status --text on each gateway.
+GATEWAY_STATUS_TASK = "Ask the gateway through its runtime API"
+
+
+def gateway_recovery(run: PlayRun, rig: str) -> str:
+    """What a gateway's rig-waker says of ``rig``'s spot recovery, from status.yml's gateway-ctl
+    status --text lines (``RIG: ...; recovery: WORDS``); "" when no gateway says anything."""
+    for result in run.results:
+        if result.get("task") != GATEWAY_STATUS_TASK:
+            continue
+        for line in str((result.get("res") or {}).get("stdout") or "").splitlines():
+            head, sep, words = line.partition("; recovery: ")
+            if sep and head.startswith(f"{rig}: "):
+                return words.strip()
+    return ""
 
 
 @dataclass
@@ -209,10 +224,20 @@ class RigServer:
         return out
 
     async def rigctl(
-        self, ctx: Context | None, playbook: str, task: str, rig: str, extravars: dict[str, Any] | None = None
+        self,
+        ctx: Context | None,
+        playbook: str,
+        task: str,
+        rig: str,
+        extravars: dict[str, Any] | None = None,
+        runs: list[PlayRun] | None = None,
+        also: str = "",
     ) -> dict[str, Any]:
-        """The JSON object rigctl printed (docs/mcp.md, its schema) in ``task`` of ``playbook``."""
-        run = await self.play(ctx, playbook, self.check_rig(rig), extravars)
+        """The JSON object rigctl printed (docs/mcp.md, its schema) in ``task`` of ``playbook``;
+        ``also``: more hosts in the run (a limit pattern), which is handed back in ``runs``."""
+        run = await self.play(ctx, playbook, self.check_rig(rig) + (f",{also}" if also else ""), extravars)
+        if runs is not None:
+            runs.append(run)
         try:
             doc = json.loads((run.result(task, rig) or {}).get("stdout") or "")
         except ValueError:
@@ -222,7 +247,10 @@ class RigServer:
         return doc
 
     async def status(self, rig: str, ctx: Context | None = None) -> dict[str, Any]:
-        doc = await self.rigctl(ctx, "playbooks/status.yml", "Ask rigctl for the status", rig)
+        runs: list[PlayRun] = []
+        # The gateways too: their rig-waker tells a spot rig's recovery (gateway-ctl status).
+        doc = await self.rigctl(ctx, "playbooks/status.yml", "Ask rigctl for the status", rig, runs=runs,
+                                also="gateways")  # fmt: skip
         service = doc.get("service") or {}
         aliases = doc.get("aliases") or []
         return self.redact(
@@ -234,6 +262,7 @@ class RigServer:
                 "model": doc.get("build"),
                 "alias": aliases[0] if aliases else "",
                 "lines": doc.get("lines") or [],
+                "recovery": gateway_recovery(runs[0], rig),
             }
         )
 

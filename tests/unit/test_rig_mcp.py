@@ -454,13 +454,36 @@ def test_status_verify_clamp_and_logs_read_rigctls_json(tmp_path) -> None:
     got = call(cfg, runner, "status", {"rig": "rig-local"}).structured_content
     shown = HOSTILE.replace("s3cr3t-token", MASK)
     assert got == {"rig": "rig-local", "service": "active/running", "serving": True, "health": "ok",
-                   "model": shown, "alias": "tiny-gemma-4", "lines": [f"model: {shown}"]}  # fmt: skip
+                   "model": shown, "alias": "tiny-gemma-4", "lines": [f"model: {shown}"],
+                   "recovery": ""}  # fmt: skip
     clamp = call(cfg, runner, "verify_clamp", {"rig": "rig-local"}).structured_content
     assert clamp == {"rig": "rig-local", "clamp": "doubled", "detail": report["checks"][0]["words"]}
     assert call(cfg, runner, "logs", {"rig": "rig-local", "lines": 1}).structured_content["lines"] == [shown]
     tpu = rigctl_run("playbooks/status.yml", "Ask rigctl for the status", {**report, "checks": []})
     clamp = call(cfg, FakeRunner({"playbooks/status.yml": tpu}), "verify_clamp", {"rig": "rig-local"})
     assert clamp.structured_content["clamp"] == "not used on this platform"
+
+
+def test_status_carries_the_gateways_word_on_a_spot_rigs_recovery(tmp_path) -> None:
+    """status.yml runs on the gateways too; their gateway-ctl status --text line for the rig carries
+    rig-waker's recovery, which the tool hands on (redacted like the rest)."""
+    report = {"rigctl": RIGCTL_SCHEMA, "service": {"active": "active", "sub": "running"}, "health": 200}
+    run = rigctl_run("playbooks/status.yml", "Ask rigctl for the status", report)
+    words = "preempted at 2026-12-03T14:56:21.747-08:00, started again at 2026-12-03T22:56:21+00:00"
+    lines = [
+        "rig-localx: UP (check L7OK), model m, 0 request(s) now, 0 served; recovery: not this rig's",
+        f"rig-local: UP (check L7OK), model m, 0 request(s) now, 3 served; recovery: {words}",
+    ]
+    gateway = {"rc": 0, "stdout": "\n".join(lines)}
+    run.results.append({"task": "Ask the gateway through its runtime API", "host": "gw", "res": gateway})
+    runner = FakeRunner({"playbooks/status.yml": run})
+    got = call(Config(lock_dir=tmp_path), runner, "status", {"rig": "rig-local"}).structured_content
+    assert got["recovery"] == words
+    assert runner.calls[-1][:2] == ("playbooks/status.yml", "rig-local,gateways")
+    hostile = {"rc": 0, "stdout": f"rig-local: UP; recovery: {HOSTILE}"}
+    run.results[-1] = {"task": "Ask the gateway through its runtime API", "host": "gw", "res": hostile}
+    got = call(Config(lock_dir=tmp_path), runner, "status", {"rig": "rig-local"}).structured_content
+    assert got["recovery"] == HOSTILE.replace("s3cr3t-token", MASK)
 
 
 @pytest.mark.parametrize("stdout", ["", "not json", "[1]", json.dumps({"rigctl": RIGCTL_SCHEMA + 1})])
