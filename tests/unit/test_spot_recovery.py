@@ -234,3 +234,14 @@ def test_hostile_api_values_never_become_a_path_or_filter_unchecked() -> None:
     waker.check(waker.rigs["r"])
     assert compute.calls[-1] == 'GET projects/p/zones/z/operations {"filter": "targetId = \\"12\\""}'
     assert waker.recovery["r"]["attempts"] == 0
+
+
+def test_a_rig_started_between_two_tries_ends_its_recovery() -> None:
+    module = load_waker()
+    waker, _ = stub_waker(module, {"GET r": {"status": "RUNNING", "id": "12"}})
+    rec = waker.recovery["r"]
+    rec.update(preempted_at="T", started="T1", attempts=2, last_error="stockout in z: ...", next_try=1e12)
+    assert "recovering: stockout in z" in waker.status()["rigs"]["r"]["summary"]
+    rec["next_try"] = 0.0  # the next look is due
+    waker.check(waker.rigs["r"])
+    assert waker.status()["rigs"]["r"]["summary"].startswith("preempted at T, started again at T1, up at ")
