@@ -60,6 +60,7 @@ class SpotStack(Stack):
         with self.fake.api.lock:
             self.fake.api.instance_action(PROJECT, ZONES[name], name, "start", {})
         wait(lambda: self.fake.api.get_instance(ZONES[name], name)["status"] == "RUNNING", f"{name} RUNNING")
+        wait(lambda: self.rigs[name].healthy, f"{name} booted")  # its boot timer has fired
 
     def operations(self, name: str, filter_: str | None = None, **extra: str) -> httpx.Response:
         params = {"filter": filter_, **extra} if filter_ is not None else extra
@@ -245,3 +246,26 @@ def test_a_rig_started_between_two_tries_ends_its_recovery() -> None:
     rec["next_try"] = 0.0  # the next look is due
     waker.check(waker.rigs["r"])
     assert waker.status()["rigs"]["r"]["summary"].startswith("preempted at T, started again at T1, up at ")
+
+
+def test_a_request_during_a_recovery_waits_on_that_start(tmp_path: Path) -> None:
+    with SpotStack(tmp_path, Faults(op_delay=1.0)) as spot:  # a start takes a second: room to arrive
+        spot.power_on("rig-a")
+        spot.event("rig-a", "preempt")
+        wait(lambda: spot.starts() == ["rig-a"], "the recovery's start")
+        assert chat(spot.sdk()) and spot.starts() == ["rig-a"]  # answered by rig-a, rig-b not started
+        assert "waits on the start already under way for ['rig-a']" in spot.log
+
+
+def test_a_request_whose_recovery_start_failed_tries_the_next_rig(tmp_path: Path) -> None:
+    with SpotStack(tmp_path, Faults(op_delay=1.0)) as spot:
+        spot.power_on("rig-a")
+        spot.fake.api.faults.stockout_zones.add(ZONES["rig-a"])
+        spot.event("rig-a", "preempt")
+        wait(lambda: spot.starts() == ["rig-a"], "the recovery's start")
+        assert chat(spot.sdk())
+        assert "rig-b" in spot.starts()  # (the watch keeps trying rig-a meanwhile: its order varies)
+        assert [e["path"] for e in spot.rigs["rig-b"].log if e["path"] != "/health"] == [
+            "/v1/chat/completions"
+        ]
+        assert "it tries the backend's rigs itself" in spot.log
