@@ -377,6 +377,29 @@ def test_wait_fails_at_once_on_a_stopped_unit_with_its_last_lines(rig, capsys) -
     assert [c[:2] for c in host.calls].count(["systemctl", "show"]) == 2  # no waiting out the timeout
 
 
+def test_wait_fails_at_once_while_systemd_waits_to_restart_the_unit(rig, capsys) -> None:
+    """vLLM exited and systemd waits RestartSec before the next start (NRestarts not counted yet):
+    the wait ends on the first look with the exit's last lines, not after the restart."""
+    for sub in ("auto-restart", "auto-restart-queued"):
+        host = rig(1, {"ActiveState": "activating", "SubState": sub, "NRestarts": "0"}, journal=HOSTILE)
+        code, doc = rigctl_json(capsys, "wait", "--timeout", "2")
+        assert code == 1 and doc["error"] == (
+            f"vLLM exited while starting (automatic restarts: 0, unit: activating ({sub})); "
+            f"its last lines:\n{HOSTILE}"
+        )
+        assert [c[:2] for c in host.calls].count(["systemctl", "show"]) == 2  # no waiting for the restart
+
+
+def test_wait_goes_on_while_the_unit_starts(rig, capsys) -> None:
+    """A unit still starting (ExecStartPre, then vLLM loading) is no exit: the wait lasts until vLLM
+    lists the model. Only `auto-restart` at the start of SubState counts, not a value that holds it."""
+    with FakeRig("m") as fake:
+        for sub in ("start-pre", "start", "running", "x-auto-restart"):
+            rig(fake.port, {"ActiveState": "activating", "SubState": sub, "NRestarts": "0"}, served="m")
+            code, doc = rigctl_json(capsys, "wait", "--no-chat", "--timeout", "5")
+            assert (code, doc["build"]) == (0, "m"), doc
+
+
 class Gateway:
     """An endpoint that answers as HAProxy in front of a rig does (x-gemma-rig), or fails the chat."""
 

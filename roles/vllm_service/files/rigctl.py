@@ -47,6 +47,9 @@ READY_CHAT = {"prompt": "Say OK.", "max_tokens": 8}
 # Seconds between probes of a starting vLLM: a refused connection costs nothing, and the wait ends
 # this soon after vLLM answers.
 POLL = 0.5
+# systemd's SubState between a failed run of the unit and its automatic restart (252: auto-restart;
+# later versions also auto-restart-queued).
+AUTO_RESTART = "auto-restart"
 
 
 class RigctlError(Exception):
@@ -352,18 +355,23 @@ def host_lines() -> list[str]:
 def wait_ready(rig: Rig, args: argparse.Namespace, restarts_before: int, chat: dict | None) -> dict:
     """Wait until /v1/models lists the name tpu.env serves (swap.yml changes it, not the
     inventory), or --model, then send ``chat`` ({prompt, max_tokens}) unless None; fail at once
-    when vLLM exits instead (a new automatic restart, or a unit that failed or stopped)."""
+    when vLLM exits instead (a unit waiting to restart it, a new automatic restart, or a unit that
+    failed or stopped)."""
     rig.env = read_env(rig.env_file)
     name = getattr(args, "model", None) or rig.env.get("RIG_SERVED_MODEL_NAME", "")
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
         rig.refresh()
         restarts = int(rig.props.get("NRestarts") or 0)
-        if restarts > restarts_before or rig.props.get("ActiveState") in ("failed", "inactive"):
+        # systemd counts a restart when it makes it, RestartSec after vLLM exited; in between the
+        # unit is `activating (auto-restart)`, and that exit is already the answer.
+        waiting = rig.props.get("SubState", "").startswith(AUTO_RESTART)
+        if waiting or restarts > restarts_before or rig.props.get("ActiveState") in ("failed", "inactive"):
             tail = journal("-u", rig.unit, "-n", "25", "-o", "cat").rstrip()
+            state = f"{rig.props.get('ActiveState')}" + (f" ({rig.props['SubState']})" if waiting else "")
             raise RigctlError(
-                f"vLLM exited while starting (automatic restarts: {restarts}, unit: "
-                f"{rig.props.get('ActiveState')}); its last lines:\n{tail}"
+                f"vLLM exited while starting (automatic restarts: {restarts}, unit: {state}); "
+                f"its last lines:\n{tail}"
             )
         status, served = rig.api.served()
         if status == 200 and served and (not name or name in served):
