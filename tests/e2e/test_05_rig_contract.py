@@ -57,6 +57,20 @@ def test_tpu_env_holds_the_contract_keys(local_rig) -> None:
     assert len([line for line in lines if re.match(r"^RIG_EXTRA_ARGS=.*--enforce-eager", line)]) == 1
 
 
+def test_no_maintenance_timer_races_the_roles_apt(local_rig) -> None:
+    """The local image masks the timers that update packages or maintain the disk: on a new
+    container their Persistent= schedule fires at once, beside the roles' own apt."""
+    timers = [
+        "apt-daily.timer",
+        "apt-daily-upgrade.timer",
+        "dpkg-db-backup.timer",
+        "e2scrub_all.timer",
+        "fstrim.timer",
+    ]
+    states = podman("exec", local_rig.container, "systemctl", "is-enabled", *timers).stdout.split()
+    assert states == ["masked"] * len(timers), list(zip(timers, states, strict=False))
+
+
 def test_vllm_runs_as_its_own_user(local_rig) -> None:
     pid = rig_exec(local_rig.container, "systemctl", "show", "-p", "MainPID", "--value", "vllm").strip()
     assert pid not in ("", "0"), "vllm.service has no main process"
