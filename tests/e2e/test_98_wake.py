@@ -176,9 +176,13 @@ def wake(local_rig, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wake]:
     fake.api.seed_instance("local", "local-a", "rig-local", PodmanBacking(local_rig.container))
     state = Wake(fake, local_rig.container, local_rig.model, 0.0)
     try:
+        # A rig whose idle stop is still under way (systemd "stopping") is let finish first.
+        until(
+            lambda: not running(local_rig.container) or booted(local_rig.container), "the rig to boot or stop"
+        )
         if not running(local_rig.container):
             state.compute("start")
-        until(lambda: booted(local_rig.container), "the rig's systemd to boot")
+            until(lambda: booted(local_rig.container), "the rig's systemd to boot")
         timer = podman("exec", local_rig.container, "systemctl", "disable", "--now", "vllm-idle.timer")
         assert timer.returncode == 0 or "does not exist" in timer.stderr, timer.stderr
         settings = tmp_path_factory.mktemp("wake") / "gateway.json"
