@@ -286,6 +286,8 @@ def test_the_role_installs_the_timer_only_when_set_and_removes_it(tmp_path: Path
     assert first.rc == 0 and first.total("changed") == 1, first.output[-3000:]
     service = units[0].read_text()
     assert "ExecStart=/usr/local/bin/rigctl idle --stop-after 5\n" in service
+    # The poweroff stops this unit while rigctl may still run in it: no default 90 s wait there.
+    assert "TimeoutStopSec=10\nKillMode=process\n" in service
     assert "OnUnitActiveSec=30\n" in units[1].read_text()
     again = idle_play(tmp_path, "local", 5)
     assert again.rc == 0 and again.total("changed") == 0, again.output[-3000:]
