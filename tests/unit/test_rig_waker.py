@@ -359,3 +359,16 @@ def test_a_token_source_that_fails_is_named_at_once(tmp_path: Path) -> None:
         with pytest.raises(openai.InternalServerError, match="absent"):
             chat(stack.sdk())
         assert time.monotonic() - began < 8 and stack.starts() == []
+
+
+def test_a_connection_reset_is_one_journal_line_not_a_traceback(stack: Stack) -> None:
+    """A peer that resets a kept-alive connection (as HAProxy may) leaves one line in the journal."""
+    with socket.create_connection(("127.0.0.1", stack.port)) as conn:
+        conn.sendall(b"GET /waker/status HTTP/1.1\r\nHost: x\r\n\r\n")
+        conn.recv(65536)
+        conn.sendall(b"GET /waker/status HTTP/1.1\r\nHo")
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    deadline = time.monotonic() + 5
+    while "ended: ConnectionResetError" not in stack.log and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "ended: ConnectionResetError" in stack.log and "Traceback" not in stack.log, stack.log
