@@ -31,7 +31,7 @@ import pytest
 from repack.tiny_facts import FACTS, Fact, messages
 from tests.ansible_run import run_playbook
 from tests.conftest import ROOT
-from tests.e2e.rig import podman, rig_containers
+from tests.e2e.rig import ENV_FILE, podman, rig_containers
 from tests.fake_compute import FakeComputeServer, Faults
 from tests.fake_compute.podman import PodmanBacking
 
@@ -185,10 +185,13 @@ def wake(local_rig, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wake]:
             until(lambda: booted(local_rig.container), "the rig's systemd to boot")
         timer = podman("exec", local_rig.container, "systemctl", "disable", "--now", "vllm-idle.timer")
         assert timer.returncode == 0 or "does not exist" in timer.stderr, timer.stderr
+        # test_95 leaves the rig opened, with a key: the gateway (and so rig-waker) sends it.
+        env = podman("exec", local_rig.container, "cat", ENV_FILE).stdout
+        rig_key = dict(line.split("=", 1) for line in env.splitlines() if "=" in line).get("VLLM_API_KEY", "")
         settings = tmp_path_factory.mktemp("wake") / "gateway.json"
         settings.touch(mode=0o600)
         settings.write_text(json.dumps({
-            "gateway_api_keys": {"e2e": KEY}, "gateway_wake": True,
+            "gateway_api_keys": {"e2e": KEY}, "gateway_rig_api_key": rig_key.strip('"'), "gateway_wake": True,
             "gateway_wake_api": fake.endpoint, "gateway_wake_token": WAKER_TOKEN,
             "gateway_wake_watch_seconds": WATCH, "gateway_wake_spot": True,
         }))  # fmt: skip
