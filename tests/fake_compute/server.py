@@ -228,12 +228,7 @@ class _Handler(BaseHTTPRequestHandler):
                 500,
                 ApiError(500, f"The fake's answer is not the API's: {exc}", "backendError").body,
             )
-        data = json.dumps(answer).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json; charset=UTF-8")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self._send_json(status, answer)
 
     def _admin(self, path: str) -> None:
         """The fake's control route: the instance as it is after the event, or the API's error shape."""
@@ -247,6 +242,9 @@ class _Handler(BaseHTTPRequestHandler):
                 status, answer = 200, act(zone, name)
         except ApiError as err:
             status, answer = err.status, err.body
+        self._send_json(status, answer)
+
+    def _send_json(self, status: int, answer: Any) -> None:
         data = json.dumps(answer).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json; charset=UTF-8")

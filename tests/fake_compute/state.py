@@ -386,24 +386,24 @@ class FakeCompute:
     def preempt(self, zone: str, name: str) -> dict[str, Any]:
         """Compute Engine preempts a spot VM: what runs behind it stops, it is TERMINATED, and the zone
         records a ``compute.instances.preempted`` operation by ``system``. Only a RUNNING one can be."""
-        inst = self.get_instance(zone, name)
-        if inst["status"] != "RUNNING":
-            raise ApiError(400, f"The fake preempts RUNNING instances only; {name} is {inst['status']}.")
-        backing = self.backings.get((zone, name))
-        if backing is not None:
-            backing.stop()
-        self._stopped_by(zone, name, "compute.instances.preempted")
-        return self.get_instance(zone, name)
+        refusal = "The fake preempts RUNNING instances only; {name} is {status}."
+        return self._terminate(zone, name, "compute.instances.preempted", refusal)
 
     def guest_terminate(self, zone: str, name: str) -> dict[str, Any]:
         """The guest powers off (idle stop does): ``compute.instances.guestTerminate``."""
+        refusal = "Only a RUNNING instance's guest can power off; {name} is {status}."
+        return self._terminate(zone, name, "compute.instances.guestTerminate", refusal)
+
+    def _terminate(self, zone: str, name: str, operation_type: str, refusal: str) -> dict[str, Any]:
+        """A RUNNING instance stops outside the API's own stop: its backing stops, the zone records
+        ``operation_type``; anything else is refused with ``refusal`` (formatted with name, status)."""
         inst = self.get_instance(zone, name)
         if inst["status"] != "RUNNING":
-            raise ApiError(400, f"Only a RUNNING instance's guest can power off; {name} is {inst['status']}.")
+            raise ApiError(400, refusal.format(name=name, status=inst["status"]))
         backing = self.backings.get((zone, name))
         if backing is not None:
             backing.stop()
-        self._stopped_by(zone, name, "compute.instances.guestTerminate")
+        self._stopped_by(zone, name, operation_type)
         return self.get_instance(zone, name)
 
     def list_operations(self, project: str, zone: str, query: dict[str, str]) -> dict[str, Any]:
