@@ -206,6 +206,17 @@ class FakeRig:
                     self.end_headers()
                 elif self.path == "/v1/models":
                     self._json(200, models_body(rig.names), "models")
+                elif self.path == "/metrics":  # prometheus_client's process collector, as vLLM serves it
+                    data = (
+                        "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n"
+                        "# TYPE process_cpu_seconds_total counter\n"
+                        f"process_cpu_seconds_total {time.process_time()}\n"
+                    ).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
                 else:  # vLLM's handler for FastAPI's HTTPException (exception_handling/handlers/http.py)
                     self._json(404, error_body(404, "Not Found", "Not Found"))
 
