@@ -117,9 +117,18 @@ report:
       returned: success
     month_to_date_usd: {description: Cost this month so far., type: float, returned: success}
     projected_month_usd: {description: The month-to-date cost plus the rate of now to the month's end., type: float, returned: success}
-    stop_reason: {description: The VM's C(rig-stop-reason) label while stopped; empty when none., type: str, returned: success}
+    stop_reason:
+      description:
+        - Why a stopped VM stopped. The VM's C(rig-stop-reason) label when it has one; else the newest zone
+          operation that stopped it since its last start (C(compute.zoneOperations.list)), as
+          C(guest) (it powered itself off, as the idle stop does), C(user) (a stop through the API) or
+          C(preempted); empty when none is known (the API keeps operations for a limited time).
+      type: str
+      returned: success
     idle_saved_usd:
-      description: Running price (without disks) times the hours stopped this month, when the stop reason is C(idle); else 0.
+      description:
+        - Running price (without disks) times the hours stopped this month, when the stop reason is
+          C(idle) or C(guest); else 0.
       type: float
       returned: success
     unpriced: {description: What the price table has no price for (left out of every figure)., type: list, elements: str, returned: success}
@@ -134,15 +143,24 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ansible.module_utils.basic import missing_required_lib
-from ansible.module_utils.gce_client import HAS_GOOGLE, IMPORT_ERROR, cloud_module, make_clients
+from ansible.module_utils.gce_client import HAS_GOOGLE, IMPORT_ERROR, cloud_module, make_clients, to_dict
 from ansible.module_utils.gce_errors import GceError, exception_to_error
 from ansible.module_utils.gce_operations import get_or_none
 from ansible.module_utils.gce_retry import make_retry
-from ansible.module_utils.rig_cost import CostError, gce_report, parse_time, resource_name, tpu_report
+from ansible.module_utils.rig_cost import (
+    CostError,
+    gce_report,
+    instance_id,
+    parse_time,
+    resource_name,
+    tpu_report,
+)
 
 
-def read_gce(p: dict[str, Any]) -> tuple[str, dict[str, Any] | None, list[dict[str, Any]]]:
-    """(zone, the VM or None, the disks that bill for it)."""
+def read_gce(
+    p: dict[str, Any],
+) -> tuple[str, dict[str, Any] | None, list[dict[str, Any]], list[dict[str, Any]]]:
+    """(zone, the VM or None, the disks that bill for it, its zone operations when it is stopped)."""
     clients = make_clients(p["auth_kind"], p["service_account_file"], p["api_endpoint"])
     retry = make_retry()
     for zone in p["zones"]:
@@ -150,13 +168,19 @@ def read_gce(p: dict[str, Any]) -> tuple[str, dict[str, Any] | None, list[dict[s
         if inst is not None:
             names = [resource_name(d.get("source"), "disks", "disk source") for d in inst.get("disks") or []]
             disks = [get_or_none(clients.disks.get, p["project"], retry, zone=zone, disk=n) for n in names]
-            return zone, inst, [d for d in disks if d]
+            ops = []
+            if inst.get("status") == "TERMINATED":  # what stopped it: the idle stop, a user, a preemption
+                query = f'targetId = "{instance_id(inst)}"'
+                request = {"project": p["project"], "zone": zone, "filter": query}
+                pager = clients.zone_operations.list(request=request, retry=retry)
+                ops = [to_dict(op) for op in pager]
+            return zone, inst, [d for d in disks if d], ops
     # No VM: the data disk a teardown kept is what still bills, in whichever zone it is.
     for zone in p["zones"] if p["data_disk"] else []:
         disk = get_or_none(clients.disks.get, p["project"], retry, zone=zone, disk=p["data_disk"])
         if disk is not None:
-            return zone, None, [disk]
-    return p["zones"][0], None, []
+            return zone, None, [disk], []
+    return p["zones"][0], None, [], []
 
 
 def read_tpu(p: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
@@ -194,8 +218,8 @@ def main() -> None:
     try:
         now = parse_time(p["now"], "now") if p["now"] else datetime.now(UTC)
         if p["platform"] == "gce":
-            zone, inst, disks = read_gce(p)
-            report = gce_report(p["name"], zone, inst, disks, p["prices"], now)
+            zone, inst, disks, ops = read_gce(p)
+            report = gce_report(p["name"], zone, inst, disks, p["prices"], now, ops)
         else:
             zone, node = read_tpu(p)
             report = tpu_report(p["name"], zone, node, p["provisioning_model"], p["prices"], now)

@@ -27,10 +27,45 @@ GCE_BILLED = frozenset({"RUNNING", "STOPPING", "SUSPENDING"})
 # "Charges for Cloud TPU accrue while your TPU node is in a READY state" (https://cloud.google.com/tpu/pricing).
 TPU_BILLED = frozenset({"READY"})
 STOP_REASON_LABEL = "rig-stop-reason"
+# What stopped a TERMINATED VM, read from the newest zone operation that stops one. A poweroff
+# inside the guest is how a rig's idle stop ends it (docs/idle.md); a person's poweroff on the VM
+# reads the same, which docs/cost.md says.
+STOPPED_BY = {
+    "compute.instances.guestTerminate": "guest",
+    "stop": "user",
+    "compute.instances.preempted": "preempted",
+}
+# The reasons whose stopped hours count as saved by the idle stop: the label's, and the guest's own.
+IDLE_REASONS = frozenset({"idle", "guest"})
+_ID = re.compile(r"[0-9]{1,20}")
 
 
 class CostError(ValueError):
     """A value the report cannot use; its message is one line naming the field and the value."""
+
+
+def instance_id(instance: dict[str, Any]) -> str:
+    """The VM's numeric id, checked before it goes into a list filter."""
+    value = instance.get("id")
+    if not isinstance(value, str) or not _ID.fullmatch(value):
+        raise CostError(f"id is not an instance id: {_shown(value)}")
+    return value
+
+
+def stopped_by(instance: dict[str, Any], operations: list[dict[str, Any]]) -> str:
+    """Why a TERMINATED VM stopped (STOPPED_BY's words), from its zone operations; empty when
+    none that stops it is newer than its last start (the API keeps operations for a while only)."""
+    since = instance.get("lastStartTimestamp")
+    start = parse_time(since, "lastStartTimestamp") if since is not None else None
+    found: tuple[datetime, str] | None = None
+    for op in operations:
+        kind = op.get("operationType")
+        if kind not in STOPPED_BY or op.get("targetId") != instance.get("id"):
+            continue
+        when = parse_time(op.get("insertTime"), "operation insertTime")
+        if (start is None or when >= start) and (found is None or when > found[0]):
+            found = (when, STOPPED_BY[kind])
+    return found[1] if found else ""
 
 
 def _shown(value: Any) -> str:
@@ -180,7 +215,8 @@ def _finish(
     running_rate = bill.compute_per_hour + bill.disks_per_hour
     rate_now = running_rate if running else bill.disks_per_hour
     to_date = hours * bill.compute_per_hour + disks_to_date
-    idle_hours = _hours(max(month[0], stopped_since), now) if stopped_since and stop_reason == "idle" else 0.0
+    idle = stopped_since is not None and stop_reason in IDLE_REASONS
+    idle_hours = _hours(max(month[0], stopped_since), now) if idle else 0.0
     report.update(
         usd_per_hour_running=round(running_rate, 4),
         usd_per_hour_stopped=round(bill.disks_per_hour, 4),
@@ -207,10 +243,11 @@ def _finish(
 
 def gce_report(
     rig: str, zone: str, instance: dict[str, Any] | None, disks: list[dict[str, Any]],
-    table: Any, now: datetime,
+    table: Any, now: datetime, operations: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """One Compute Engine rig: ``instance`` (None when there is none) and the disks that bill for
-    it (attached ones, or the data disk a teardown kept)."""
+    """One Compute Engine rig: ``instance`` (None when there is none), the disks that bill for
+    it (attached ones, or the data disk a teardown kept), and its zone operations (read when it is
+    stopped: what stopped it)."""
     prices = Prices(table)
     month = month_of(now)
     bill = _Bill(prices, region_of(zone), _hours(*month))
@@ -238,7 +275,8 @@ def gce_report(
         hours, how, unknown = _run_hours(instance, status, month[0], now)
         if status == "TERMINATED" and instance.get("lastStopTimestamp") is not None:
             stopped_since = parse_time(instance["lastStopTimestamp"], "lastStopTimestamp")
-            reason = str((instance.get("labels") or {}).get(STOP_REASON_LABEL) or "")
+            label = str((instance.get("labels") or {}).get(STOP_REASON_LABEL) or "")
+            reason = label or stopped_by(instance, operations or [])
         report.update(
             state=status, machine_type=machine, accelerator=", ".join(gpus), provisioning_model=model
         )

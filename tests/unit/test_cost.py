@@ -124,6 +124,60 @@ def test_a_vm_never_stopped_is_measured_and_an_idle_stop_says_what_it_saved(fake
     assert stopped["idle_saved_usd"] == round(hours(at("2026-12-02T09:00:00-08:00"), at(NOW)) * compute, 2)
 
 
+def test_the_zone_operations_say_what_stopped_a_vm_and_only_its_own_poweroff_saved(
+    fake: FakeComputeServer,
+) -> None:
+    """No label: the newest stopping operation since the last start names the reason. The guest's
+    own poweroff (the idle stop's) saves its stopped hours; a user's stop and a preemption do not,
+    and a poweroff before the last start is not this stop's."""
+    compute = price("machine/n1-standard-2") + price("gpu/nvidia-tesla-t4") + price("external-ipv4")
+    fake.api.clock = lambda: at("2026-12-01T09:00:00-08:00")
+    assert not run_module(fake.endpoint, state="started", **VM).get("failed")
+    fake.api.clock = lambda: at("2026-12-02T09:00:00-08:00")
+    fake.api.guest_terminate("us-central1-a", "rig1")
+    guest = cost(fake)["report"]
+    assert (guest["state"], guest["stop_reason"]) == ("TERMINATED", "guest")
+    assert guest["idle_saved_usd"] == round(hours(at("2026-12-02T09:00:00-08:00"), at(NOW)) * compute, 2)
+
+    fake.api.clock = lambda: at("2026-12-02T12:00:00-08:00")
+    assert not run_module(fake.endpoint, state="started", **VM).get("failed")
+    fake.api.clock = lambda: at("2026-12-02T15:00:00-08:00")
+    assert not run_module(fake.endpoint, state="stopped", **VM).get("failed")
+    user = cost(fake)["report"]
+    assert (user["stop_reason"], user["idle_saved_usd"]) == ("user", 0)
+    assert (user["hours_run"], user["hours_run_is"]) == (
+        3,
+        "lower bound",
+    )  # the first run is gone from the VM
+
+    fake.api.clock = lambda: at("2026-12-02T16:00:00-08:00")
+    assert not run_module(fake.endpoint, state="started", **VM).get("failed")
+    fake.api.preempt("us-central1-a", "rig1")
+    assert cost(fake)["report"]["stop_reason"] == "preempted"
+
+    fake.api.clock = lambda: at("2026-12-02T17:00:00-08:00")
+    assert not run_module(fake.endpoint, state="started", **VM).get("failed")
+    fake.api.instances[("us-central1-a", "rig1")]["status"] = "TERMINATED"  # stopped with no operation kept
+    assert cost(fake)["report"]["stop_reason"] == ""
+
+
+@pytest.mark.parametrize(
+    ("instance", "ops", "message"),
+    [
+        ({"id": '1" OR targetId != "0'}, [], "id is not an instance id"),
+        ({"id": 7}, [], "id is not an instance id"),
+        ({"id": "7"}, [{"operationType": "stop", "targetId": "7", "insertTime": "yesterday"}], "insertTime"),
+    ],
+)
+def test_hostile_ids_and_operations_from_the_api_are_one_line_errors(instance, ops, message) -> None:
+    from module_utils.rig_cost import CostError, instance_id, stopped_by
+
+    with pytest.raises(CostError, match=message) as err:
+        instance_id(instance)
+        stopped_by(instance, ops)
+    assert "\n" not in str(err.value)
+
+
 def test_a_torn_down_rig_still_pays_for_its_data_disk(fake: FakeComputeServer) -> None:
     fake.api.clock = lambda: at("2026-11-02T00:00:00-08:00")
     fake.api.add_disk("proj", "us-central1-a", "rig1-data", 250, "pd-balanced")
