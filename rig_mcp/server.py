@@ -72,6 +72,10 @@ ModelKey = Annotated[str, Field(description="A catalog key (see list_models).", 
 MUTATING = ("start", "stop", "restart", "swap", "bench")
 # status.yml's task that registers gateway-ctl status --text on each gateway.
 GATEWAY_STATUS_TASK = "Ask the gateway through its runtime API"
+# status.yml's task that registers gateway-ctl metrics (JSON) on each gateway, or on the controller.
+METRICS_TASK = "Ask Prometheus for the metrics view"
+METRICS_MINUTES_MAX = 1440  # gateway-ctl metrics' own bound
+NO_PROMETHEUS = 3  # gateway-ctl metrics' exit code when Prometheus does not answer
 
 
 def gateway_recovery(run: PlayRun, rig: str) -> str:
@@ -266,6 +270,46 @@ class RigServer:
             }
         )
 
+    async def metrics(self, minutes: int, ctx: Context | None = None) -> dict[str, Any]:
+        """Each rig's last ``minutes`` from Prometheus, as gateway-ctl metrics reads it on every
+        gateway (or on the controller, for a fleet with no gateway): status.yml's metrics task."""
+        if (
+            isinstance(minutes, bool)
+            or not isinstance(minutes, int)
+            or not 1 <= minutes <= METRICS_MINUTES_MAX
+        ):
+            raise ToolError(
+                f"minutes must be a whole number from 1 to {METRICS_MINUTES_MAX}, got {minutes!r}"
+            )
+        run = await self.play(
+            ctx,
+            "playbooks/status.yml",
+            "gateways,localhost",
+            {"metrics_minutes": minutes, "status_metrics_only": True},
+        )
+        views: list[dict[str, Any]] = []
+        for result in run.results:
+            res = result.get("res") or {}
+            # A skipped task (the controller's, when there are gateways) has no rc.
+            if result.get("task") != METRICS_TASK or res.get("skipped") or "rc" not in res:
+                continue
+            host = str(result.get("host") or "")
+            if res.get("rc") == NO_PROMETHEUS:
+                views.append({"host": host, "monitoring": False, "note": one_line(res.get("stderr") or "")})
+                continue
+            try:
+                doc = json.loads(res.get("stdout") or "")
+            except ValueError:
+                doc = None
+            if not isinstance(doc, dict) or not isinstance(doc.get("rigs"), dict):
+                raise ToolError(f"gateway-ctl metrics on {host} printed no metrics view")
+            views.append({"host": host, "monitoring": True, **doc})
+        if not views:
+            raise ToolError(
+                "status.yml ran gateway-ctl metrics nowhere (no gateway, and not on the controller)"
+            )
+        return self.redact({"minutes": minutes, "views": views})
+
     async def verify_clamp(self, rig: str, ctx: Context | None = None) -> dict[str, Any]:
         doc = await self.rigctl(ctx, "playbooks/status.yml", "Ask rigctl for the status", rig)
         clamp = next((c for c in doc.get("checks") or [] if c.get("name") == "clamp"), None)
@@ -445,6 +489,7 @@ TOOLS: dict[str, str] = {
     "verify_clamp": "The Turing clamp on a rig: present once, absent, doubled, or not used on this platform.",
     "bench": "Benchmark a rig (quick: one cell) and record the run; returns the summary table and the run's path.",
     "cost": "What each cloud rig and the fleet cost this month: rates, hours run, month to date, projection (cost.yml).",
+    "metrics": "Each rig's last N minutes from Prometheus: requests/s, tokens/s, TTFT p50/p95, queue, KV cache, errors.",
 }
 
 
@@ -661,6 +706,14 @@ def build(config: Config, runner: PlaybookRunner | None = None, token: str | Non
     async def cost(ctx: Context) -> dict[str, Any]:
         return await srv.cost(ctx)
 
+    async def metrics(
+        ctx: Context,
+        minutes: Annotated[
+            int, Field(description="The window, in minutes.", ge=1, le=METRICS_MINUTES_MAX, strict=True)
+        ] = 15,
+    ) -> dict[str, Any]:
+        return await srv.metrics(minutes, ctx)
+
     for fn, name in (
         (list_rigs, "list_rigs"),
         (list_models, "list_models"),
@@ -675,6 +728,7 @@ def build(config: Config, runner: PlaybookRunner | None = None, token: str | Non
         (verify_clamp, "verify_clamp"),
         (bench, "bench"),
         (cost, "cost"),
+        (metrics, "metrics"),
     ):
         add(fn, name)
     return mcp
