@@ -55,27 +55,33 @@ def _line(name: str, labels: dict[str, str], value: float, ts: float) -> str:
 
 
 def fleet_openmetrics(
-    end: float, minutes: int = 20, rigs: tuple[str, ...] = RIGS, clients: tuple[str, ...] = CLIENTS
+    end: float,
+    minutes: int = 20,
+    rigs: tuple[str, ...] = RIGS,
+    clients: tuple[str, ...] = CLIENTS,
+    idle: tuple[str, ...] = (),
 ) -> str:
     """OpenMetrics text: the rigs and clients (the guard's tokens), a sample every STEP_S
     seconds up to ``end``. The gateway's counters are alice's and bob's.
 
     Counters grow at a steady rate per rig (rig-b at twice rig-a's), so rates are known: rig-a
-    makes 40 generation tokens/s and 100 prompt tokens/s. rig-b aborted requests; bob got 503s."""
+    makes 40 generation tokens/s and 100 prompt tokens/s. rig-b aborted requests; bob got 503s.
+    The ``idle`` rigs (of ``rigs``) served nothing: their counters stay at 0."""
     times = [end - STEP_S * i for i in range(minutes * 60 // STEP_S, -1, -1)]
     start = times[0]
     out: list[str] = []
-    for n, rig in enumerate(rigs, start=1):
+    for i, rig in enumerate(rigs, start=1):
+        n = 0 if rig in idle else i
         base = {"job": "vllm", "rig": rig, "model_name": MODEL, "engine": "0"}
         series: list[tuple[str, dict[str, str], float, float]] = [
             # (name, extra labels, value at start, growth per second)
             ("vllm:generation_tokens_total", {}, 0, 40 * n),
             ("vllm:prompt_tokens_total", {}, 0, 100 * n),
             ("vllm:num_requests_running", {}, 3 * n, 0),
-            ("vllm:num_requests_waiting", {}, n - 1, 0),
+            ("vllm:num_requests_waiting", {}, max(n - 1, 0), 0),
             ("vllm:kv_cache_usage_perc", {}, 0.25 * n, 0),
             ("vllm:request_success_total", {"finished_reason": "stop"}, 0, 1 * n),
-            ("vllm:request_success_total", {"finished_reason": "abort"}, 0, 0.1 * (n - 1)),
+            ("vllm:request_success_total", {"finished_reason": "abort"}, 0, 0.1 * max(n - 1, 0)),
             ("vllm:request_success_total", {"finished_reason": "error"}, 0, 0),
             ("vllm:time_to_first_token_seconds_count", {}, 0, 1 * n),
             ("vllm:time_to_first_token_seconds_sum", {}, 0, 0.3 * n),

@@ -94,7 +94,11 @@ def test_every_panel_shows_numbers_and_the_screenshot_is_taken(tmp_path: Path, f
     require_chromium()
     began = time.monotonic()
     pb.backfill(
-        tmp_path / "tsdb", pb.fleet_openmetrics(time.time(), clients=(*pb.CLIENTS, HOSTILE)), tmp_path
+        tmp_path / "tsdb",
+        pb.fleet_openmetrics(
+            time.time(), rigs=(*pb.RIGS, "rig-idle"), clients=(*pb.CLIENTS, HOSTILE), idle=("rig-idle",)
+        ),
+        tmp_path,
     )
     with pb.prometheus(tmp_path / "tsdb", tmp_path) as base:
         url = base + PAGE
@@ -110,14 +114,16 @@ def test_every_panel_shows_numbers_and_the_screenshot_is_taken(tmp_path: Path, f
     shutil.copyfile(shot, out)
     for name in PANELS:
         numbers = [float(v) for v in panels.values[name]]
-        assert numbers and all(math.isfinite(n) for n in numbers), (name, panels.values[name])
+        assert numbers and all(math.isfinite(n) and n >= 0 for n in numbers), (name, panels.values[name])
         assert not panels.empty[name], name
     # The hostile name is a row of text with its own figures (its per-row queries quote it).
     assert "img" not in panels.tags
     assert HOSTILE in panels.text
     assert len(panels.values["client-tokens"]) == 3 * 3
+    # A rig that served nothing has no TTFT: "idle", not a number (nor NaN).
+    assert len(panels.values["ttft"]) == 2 * 2 and panels.text.count("idle") == 2
     # The figures are the backfilled ones: rig-a makes 40 generation tokens/s, rig-b 80.
-    assert [round(float(v)) for v in panels.values["tokens"][::2]] == [40, 80]
+    assert [round(float(v)) for v in panels.values["tokens"][::2]] == [40, 80, 0]
     figure("fleet page test (backfill, Prometheus, Chromium x2)", f"{time.monotonic() - began:.1f} s")
 
 
