@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -33,9 +34,10 @@ import yaml
 
 from tests.ansible_run import run_playbook
 from tests.conftest import ROOT, VENV_BIN
-from tests.fake_rig import FakeRig, chunk_body
+from tests.fake_rig import FakeRig, chat_body, chunk_body
 
 KEY = "sk-gw-unit-0123456789abcdef"  # a test-only key
+KEY_BOB = "sk-gw-unit-bob-0123456789abcdef"  # a second client's
 RIG_KEY = "sk-rig-unit-0123456789abcdef"
 CTL = ROOT / "roles" / "gateway" / "files" / "gateway-ctl"
 ALIAS = "tiny-gemma-4"  # the tiny builds' catalog alias: both fake rigs answer to it
@@ -56,6 +58,7 @@ class Gateway:
         self.socket = tmp / "admin.sock"
         self.cert = tmp / "ctl" / "gw.crt"
         self.url = f"https://127.0.0.1:{port}"
+        self.metrics_port = free_port()
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -127,12 +130,15 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
             "gateway_bind_address": "127.0.0.1",
             "gateway_address": "127.0.0.1",
             "gateway_port": gw.port,
+            "gateway_metrics_port": gw.metrics_port,
             "gateway_extra_models": ["tiny-w4a16"],
         }
         (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
         secrets = tmp / "secrets.json"
         secrets.touch(mode=0o600)
-        secrets.write_text(json.dumps({"gateway_api_keys": {"alice": KEY}, "rig_api_key": RIG_KEY}))
+        secrets.write_text(
+            json.dumps({"gateway_api_keys": {"alice": KEY, "bob": KEY_BOB}, "rig_api_key": RIG_KEY})
+        )
         play = tmp / "play.yml"
         role = "ansible.builtin.include_role"
         tasks = [
@@ -689,3 +695,184 @@ def test_metrics_needs_the_key_and_the_documented_paths_pass(gateway: Gateway) -
         e["path"] for n, r in gateway.rigs.items() for e in r.log[before[n] :] if e["path"] != "/health"
     ]
     assert sorted(reached) == ["/metrics", "/v1/chat/completions", "/v1/completions"]
+
+
+def usage(gateway: Gateway) -> dict[tuple[str, str], int]:
+    """GET /usage on the metrics frontend, as {(client, code): count}; checks the text's shape."""
+    reply = httpx.get(f"http://127.0.0.1:{gateway.metrics_port}/usage", timeout=10)
+    assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/plain")
+    counts = {}
+    for line in reply.text.splitlines():
+        if line.startswith("#"):
+            continue
+        head, value = line.rsplit(" ", 1)
+        name, labels = head.split("{", 1)
+        assert name == "gemma_gateway_client_requests_total", line
+        pairs = dict(part.split("=", 1) for part in labels.rstrip("}").split(","))
+        counts[(json.loads(pairs["client"]), json.loads(pairs["code"]))] = int(value)
+    return counts
+
+
+def delta(after: dict, before: dict) -> dict:
+    return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+
+
+def set_rigs(gateway: Gateway, state: str) -> None:
+    """Every rig in ``state`` (maint, ready) in be_default, which the named backends track."""
+    for name in gateway.rigs:
+        with socket.socket(socket.AF_UNIX) as admin:
+            admin.connect(str(gateway.socket))
+            admin.sendall(f"set server be_default/{name} state {state}\n".encode())
+            assert admin.makefile().read().strip() == "", name
+
+
+def test_requests_are_counted_per_client_and_status_haproxys_own_answers_too(gateway: Gateway) -> None:
+    put_back(gateway)
+    before = usage(gateway)
+    body = {"messages": []}
+    with gateway.client() as alice, gateway.client(key=KEY_BOB) as bob, gateway.client(key=None) as anon:
+        assert [alice.post("/v1/chat/completions", json=body).status_code for _ in range(3)] == [200] * 3
+        assert bob.post("/v1/completions", json=body).status_code == 200
+        assert bob.post("/v1/chat/completions", json={"model": "nope", "messages": []}).status_code == 404
+        assert bob.post("/tokenize", json=body).status_code == 404  # the gateway's own 404
+        assert anon.post("/v1/chat/completions", json=body).status_code == 401
+        with gateway.client(key="sk-wrong-key-0000") as wrong:
+            assert wrong.get("/v1/models").status_code == 401
+        set_rigs(gateway, "maint")
+        try:
+            assert alice.post("/v1/chat/completions", json=body).status_code == 503  # no rig up
+        finally:
+            set_rigs(gateway, "ready")
+    assert delta(usage(gateway), before) == {
+        ("alice", "200"): 3,
+        ("alice", "503"): 1,
+        ("bob", "200"): 1,
+        ("bob", "404"): 2,
+        ("-", "401"): 2,
+    }
+
+
+def frontend_errors(gateway: Gateway) -> float:
+    """promex's count of the gateway frontend's bad requests."""
+    text = httpx.get(f"http://127.0.0.1:{gateway.metrics_port}/metrics", timeout=10).text
+    line = next(
+        x for x in text.splitlines() if x.startswith('haproxy_frontend_request_errors_total{proxy="gateway"}')
+    )
+    return float(line.rsplit(" ", 1)[1])
+
+
+def test_a_request_haproxy_cannot_parse_is_no_clients_but_the_frontends_error(gateway: Gateway) -> None:
+    """A request HAProxy cannot parse is answered 400 before any rule runs (no client, no
+    http-after-response): /usage does not see it, promex's frontend error count does."""
+    before, errors = usage(gateway), frontend_errors(gateway)
+    context = ssl.create_default_context(cafile=str(gateway.cert))
+    with (
+        socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+    ):
+        tls.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n")
+        assert tls.recv(100).startswith(b"HTTP/1.1 400")
+    assert delta(usage(gateway), before) == {}
+    assert frontend_errors(gateway) == errors + 1
+
+
+def test_the_metrics_frontend_is_loopback_only_and_serves_two_paths(gateway: Gateway) -> None:
+    cfg = (gateway.etc / "haproxy.cfg").read_text()
+    binds = [line.split()[1] for line in cfg.splitlines() if line.strip().startswith("bind ")]
+    assert f"127.0.0.1:{gateway.metrics_port}" in binds and len(binds) == 2, binds
+    base = f"http://127.0.0.1:{gateway.metrics_port}"
+    promex = httpx.get(f"{base}/metrics", timeout=10)
+    assert promex.status_code == 200 and "haproxy_process_nbthread" in promex.text
+    assert 'haproxy_server_status{proxy="be_default",server="fake-a"' in promex.text
+    for method, path in [("GET", "/"), ("GET", "/usage/"), ("POST", "/usage"), ("GET", "/stats"),
+                         ("GET", "/Usage"), ("DELETE", "/metrics")]:  # fmt: skip
+        assert httpx.request(method, f"{base}{path}", timeout=10).status_code == 404, (method, path)
+    # Not on the gateway's public port, with or without a key.
+    with gateway.client() as client:
+        assert client.get("/usage").status_code == 404
+
+
+class RecordingRig:
+    """A rig that answers every request 200 and keeps each request's headers (raw, in order)."""
+
+    def __init__(self) -> None:
+        self.headers: list[list[tuple[str, str]]] = []
+        rig = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _answer(self) -> None:
+                if self.path != "/health":
+                    rig.headers.append(list(self.headers.items()))
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                data = json.dumps(chat_body("tiny-w8a8")).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = _answer
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [
+        [("X-Gemma-Rig-Client", "bob")],
+        [("x-gemma-rig-client", "admin"), ("X-Gemma-Rig-Client", "alice, bob")],
+        [("X-GEMMA-RIG-CLIENT", "")],
+        [],
+    ],
+    ids=["another-name", "two-headers", "empty", "none"],
+)
+def test_the_rig_hears_the_clients_name_from_the_gateway_only(gateway: Gateway, sent: list) -> None:
+    """Whatever X-Gemma-Rig-Client a client sends, the rig gets exactly one: its key's name."""
+    put_back(gateway)
+    rig = RecordingRig()
+    point_fake_b(gateway, "model_tiny-w8a8", rig.port)
+    try:
+        context = ssl.create_default_context(cafile=str(gateway.cert))
+        body = json.dumps({"model": "tiny-w8a8", "messages": []}).encode()
+        head = "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+        head += "".join(f"{k}: {v}\r\n" for k, v in sent)
+        head += f"Authorization: Bearer {KEY}\r\nContent-Type: application/json\r\n"
+        head += f"Content-Length: {len(body)}\r\n\r\n"
+        with (
+            socket.create_connection(("127.0.0.1", gateway.port), timeout=30) as raw,
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+        ):
+            tls.sendall(head.encode() + body)
+            assert tls.recv(100).startswith(b"HTTP/1.1 200")
+    finally:
+        point_fake_b(gateway, "model_tiny-w8a8", gateway.rigs["fake-b"].port)
+        rig.server.shutdown()
+        rig.server.server_close()
+    assert len(rig.headers) == 1
+    names = [v for k, v in rig.headers[0] if k.lower() == "x-gemma-rig-client"]
+    assert names == ["alice"], rig.headers[0]
+
+
+@pytest.mark.parametrize(
+    "name", ['al"ice', "direct", "a b", "-", "x" * 65], ids=["quote", "reserved", "space", "dash", "long"]
+)
+def test_a_client_name_that_is_no_plain_word_stops_the_config(tmp_path: Path, name: str) -> None:
+    """A client's name becomes a header and a label: the role refuses anything but a plain word,
+    and the rigs' own words for requests that did not come through it, before it writes a file."""
+    play = tmp_path / "play.yml"
+    task = {"name": "Config", "ansible.builtin.include_role": {"name": "gateway", "tasks_from": "config"}}
+    play.write_text(yaml.safe_dump([{"hosts": "localhost", "gather_facts": False, "tasks": [task]}]))
+    secrets = tmp_path / "secrets.json"
+    secrets.write_text(
+        json.dumps({"gateway_api_keys": {name: KEY}, "gateway_config_dir": str(tmp_path / "etc")})
+    )
+    run = run_playbook(str(play), "-e", f"@{secrets}", timeout=120)
+    assert run.rc != 0 and "every client's name must match" in run.output, run.output[-3000:]
+    assert not (tmp_path / "etc").exists()
