@@ -53,6 +53,7 @@ def test_each_rigs_figures_come_from_prometheus(tmp_path: Path) -> None:
     assert (a["kv_cache_now"], b["kv_cache_max"]) == (0.25, 0.5)
     assert a["aborted"] == 0 and b["aborted"] > 0 and b["errored"] == 0
     assert view["gateway"]["errors_5xx"] > 0 and view["gateway"]["requests"] > view["gateway"]["errors_5xx"]
+    assert view["lines"][1].startswith("rig-a: 1.00 req/s, 40.0 tok/s generated")
     assert lines.returncode == 0, lines.stderr
     assert lines.stdout.splitlines()[0] == "last 15 min:"
     assert lines.stdout.splitlines()[1].startswith("rig-a: 1.00 req/s, 40.0 tok/s generated")

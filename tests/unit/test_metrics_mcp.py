@@ -86,7 +86,7 @@ def metrics_run(*results: tuple[str, dict]) -> PlayRun:
 
 def test_the_view_is_redacted_and_handed_on(tmp_path: Path) -> None:
     view = {"prometheus": "http://127.0.0.1:9090", "minutes": 15, "rigs": {"r": {"aborted": 0}},
-            "gateway": {}, "notes": [HOSTILE]}  # fmt: skip
+            "gateway": {}, "notes": [HOSTILE], "lines": [HOSTILE]}  # fmt: skip
     runner = FakeRunner({"playbooks/status.yml": metrics_run(
         ("gw", {"rc": 0, "stdout": json.dumps(view)}),
         ("localhost", {"skipped": True}),
@@ -94,11 +94,13 @@ def test_the_view_is_redacted_and_handed_on(tmp_path: Path) -> None:
     got = call(Config(lock_dir=tmp_path), runner, "metrics", {})
     assert not got.is_error, got.content[0].text
     (seen,) = got.structured_content["views"]
+    shown = HOSTILE.replace("s3cr3t-token", MASK)
     assert seen == {
         "host": "gw",
         "monitoring": True,
         **view,
-        "notes": [HOSTILE.replace("s3cr3t-token", MASK)],
+        "notes": [shown],
+        "lines": [shown],
     }
     assert runner.calls == [
         ("playbooks/status.yml", "gateways,localhost", {"metrics_minutes": 15, "status_metrics_only": True})
