@@ -16,6 +16,9 @@ adds ``--middleware`` classes last, and Starlette runs the last added first) and
 vLLM builds the class with ``app.add_middleware(cls)`` and no arguments, so it reads its settings
 from the environment; an unset or empty ``GEMMA_RIG_SERVED_PATHS`` is an error at start, never an
 open rig.
+
+It also counts, in the registry vLLM's /metrics serves: the tokens each client's answers reported
+on the completion paths (usage.py) and the free space of the rig's disks (filesystem.py).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import os
 import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+
+from . import filesystem, usage
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -70,6 +75,7 @@ class ServedPathsGuard:
         key = os.environ.get(KEY_ENV, "")
         # Digests of equal length, so the comparison's time says nothing of the key's length.
         self.key_digest = hashlib.sha256(key.encode()).digest() if key else None
+        filesystem.register()
 
     def key_ok(self, scope: Scope) -> bool:
         if self.key_digest is None:
@@ -102,6 +108,8 @@ class ServedPathsGuard:
             await _refuse(send, 404, f"{pair[0][:16]} {path[:_ECHO_MAX]} is not served by this rig")
         elif pair not in self.open and not self.key_ok(scope):
             await _refuse(send, 401, "missing or wrong API key", {b"www-authenticate": b"Bearer"})
+        elif pair in usage.COUNTED_PATHS:
+            await usage.counted(self.app, scope, receive, send, path)
         else:
             await self.app(scope, receive, send)
 
