@@ -115,3 +115,42 @@ def test_every_route_vllm_registers_is_served_or_refused(guarded: str, routes: l
 def test_hostile_spellings_never_reach_vllm(guarded: str, target: str) -> None:
     assert _raw(guarded, "POST", target, None) == 404
     assert _raw(guarded, "POST", target, KEY) == 404
+
+
+def _events(client: httpx.Client, body: dict, name: str) -> list[dict]:
+    headers = {**BEARER, "X-Gemma-Rig-Client": name}
+    with client.stream("POST", "/v1/completions", json=body, headers=headers) as reply:
+        assert reply.status_code == 200, reply.read()
+        lines = [line for line in reply.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    return [json.loads(line[6:]) for line in lines[:-1]]
+
+
+def _tokens(client: httpx.Client, name: str) -> dict[str, float]:
+    text = client.get("/metrics", headers=BEARER).text
+    found = {}
+    for kind in ("prompt", "completion"):
+        prefix = f'gemma_rig_client_tokens_total{{client="{name}",kind="{kind}"}} '
+        found[kind] = float(
+            next((x for x in text.splitlines() if x.startswith(prefix)), prefix + "0")[len(prefix) :]
+        )
+    return found
+
+
+def test_a_stream_is_counted_and_reaches_the_client_as_vllm_sends_it(guarded: str) -> None:
+    """Real vLLM: a stream asked without usage keeps vLLM's shape (no usage chunk, the fingerprint
+    on the last choice chunk) and is counted like one that asked for usage; /metrics also holds the
+    rig's filesystems."""
+    # A completion: the tiny model has no chat template.
+    chat = {"model": NAME, "prompt": "The", "max_tokens": 3, "stream": True}
+    with httpx.Client(base_url=guarded, timeout=300) as client:
+        plain = _events(client, chat, "plain")
+        asked = _events(client, {**chat, "stream_options": {"include_usage": True}}, "asked")
+        assert all("usage" not in e for e in plain)
+        assert plain[-1]["choices"][0]["finish_reason"] is not None and plain[-1].get("system_fingerprint")
+        assert asked[-1]["choices"] == [] and "system_fingerprint" not in asked[-2]
+        usage = asked[-1]["usage"]
+        expected = {"prompt": usage["prompt_tokens"], "completion": usage["completion_tokens"]}
+        assert _tokens(client, "asked") == expected and _tokens(client, "plain") == expected
+        text = client.get("/metrics", headers=BEARER).text
+    assert 'gemma_rig_filesystem_avail_bytes{path="/"}' in text

@@ -439,3 +439,11 @@ def test_vllms_own_metrics_serve_the_counts(monkeypatch: pytest.MonkeyPatch) -> 
     assert 'gemma_rig_client_tokens_total{client="metrics-check",kind="prompt"} 5.0' in text
     assert 'gemma_rig_filesystem_avail_bytes{path="/"}' in text
     assert 'gemma_rig_filesystem_size_bytes{path="/"}' in text
+
+
+def test_a_vllm_that_sends_usage_anyway_gets_the_request_as_it_came(guarded, monkeypatch) -> None:
+    monkeypatch.setenv("RIG_EXTRA_ARGS", "--enforce-eager --enable-force-include-usage")
+    guard, vllm = guarded()
+    body = {"messages": [], "stream": True}
+    run(guard, body, headers=named(b"kim"))
+    assert json.loads(vllm.requests[-1][1]) == body

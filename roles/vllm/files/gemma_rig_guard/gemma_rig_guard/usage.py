@@ -23,6 +23,7 @@ not counted.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -45,6 +46,9 @@ MAX_JSON = 16 * 1024 * 1024
 MAX_EVENT = 1024 * 1024
 # A usage figure past this is no figure vLLM sends (a context is far shorter): not counted.
 MAX_TOKENS = 1 << 31
+# vLLM's flag that puts usage in every stream (the client then gets it anyway: nothing to add).
+FORCED_FLAG = "--enable-force-include-usage"
+EXTRA_ARGS_ENV = "RIG_EXTRA_ARGS"
 _INCLUDE = b'"stream_options":{"include_usage":true},'
 # What vLLM 0.29.0's stream chunks declare after system_fingerprint (chat and completion): a
 # terminal chunk holding one of them gets no fingerprint put back (it would be out of place).
@@ -89,8 +93,11 @@ def _json(data: bytes) -> Any:
 
 
 def wants_injection(path: str, body: Any) -> bool:
-    """A stream request for one answer to one prompt with no stream_options of its own."""
+    """A stream request for one answer to one prompt with no stream_options of its own, to a vLLM
+    that does not send usage anyway (--enable-force-include-usage in tpu.env's RIG_EXTRA_ARGS)."""
     if not isinstance(body, dict) or body.get("stream") is not True or "stream_options" in body:
+        return False
+    if FORCED_FLAG in os.environ.get(EXTRA_ARGS_ENV, "").split():
         return False
     if body.get("n", 1) not in (1, None) or body.get("best_of") not in (None, 1):
         return False
