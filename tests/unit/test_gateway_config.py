@@ -23,6 +23,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -750,6 +751,24 @@ def test_requests_are_counted_per_client_and_status_haproxys_own_answers_too(gat
         ("bob", "404"): 2,
         ("-", "401"): 2,
     }
+
+
+def test_the_counts_stay_exact_across_haproxys_threads(gateway: Gateway) -> None:
+    """Requests in parallel on HAProxy's threads (one Lua state behind its lock): none is lost."""
+    promex = httpx.get(f"http://127.0.0.1:{gateway.metrics_port}/metrics", timeout=10).text
+    threads = next(x for x in promex.splitlines() if x.startswith("haproxy_process_nbthread "))
+    assert int(threads.split()[1]) >= 2, threads
+    before = usage(gateway)
+
+    def hammer(key: str) -> list[int]:
+        with gateway.client(key=key) as client:
+            return [client.get("/v1/models").status_code for _ in range(25)]
+
+    keys = [KEY, KEY_BOB, "sk-wrong-key-0000", KEY] * 2
+    with ThreadPoolExecutor(len(keys)) as pool:
+        codes = [c for batch in pool.map(hammer, keys) for c in batch]
+    assert codes.count(200) == 150 and codes.count(401) == 50
+    assert delta(usage(gateway), before) == {("alice", "200"): 100, ("bob", "200"): 50, ("-", "401"): 50}
 
 
 def frontend_errors(gateway: Gateway) -> float:

@@ -9,17 +9,15 @@
 -- Loaded with `lua-load` (not lua-load-per-thread): one Lua state for every thread, which HAProxy
 -- runs under its global Lua lock, so one table holds every thread's counts and an increment is
 -- never lost. The table's keys are bounded: client names come from api-keys.map (inventory names,
--- checked by the role), "-" for a request without a known key, and a 3-digit status.
+-- checked by the role), "-" for a request without a known key, and a 3-digit status (a rig's odd
+-- status included: at most 900 codes per client).
 
 local counts = {}  -- "client\0code" -> count
-local MAX_KEYS = 10000  -- a backstop: past it, new pairs are counted under client "overflow"
 
 local function escape(value)
     -- Prometheus text format: backslash, double quote and newline are escaped in label values.
     return (value:gsub("\\", "\\\\"):gsub("\"", "\\\""):gsub("\n", "\\n"))
 end
-
-local keys = 0
 
 core.register_fetches("gemma_usage_count", function(txn)
     local client = txn:get_var("txn.client")
@@ -29,16 +27,7 @@ core.register_fetches("gemma_usage_count", function(txn)
     local status = tonumber(txn.sf:status()) or 0
     local code = (status >= 100 and status <= 999) and string.format("%d", status) or "000"
     local key = client .. "\0" .. code
-    if counts[key] == nil then
-        if keys >= MAX_KEYS then
-            key = "overflow\0" .. code
-        end
-        if counts[key] == nil then
-            counts[key] = 0
-            keys = keys + 1
-        end
-    end
-    counts[key] = counts[key] + 1
+    counts[key] = (counts[key] or 0) + 1
     return "1"
 end)
 
