@@ -269,3 +269,87 @@ def test_a_request_whose_recovery_start_failed_tries_the_next_rig(tmp_path: Path
             "/v1/chat/completions"
         ]
         assert "it tries the backend's rigs itself" in spot.log
+
+
+def metrics(stack: Stack) -> dict[str, float]:
+    """GET /waker/metrics as {sample with its labels: value} (prometheus_client reads it)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    answer = httpx.get(stack.url + "/waker/metrics", timeout=5)
+    assert answer.status_code == 200 and answer.headers["content-type"].startswith(
+        "text/plain; version=0.0.4"
+    )
+    return {
+        s.name + json.dumps(s.labels, sort_keys=True): s.value
+        for family in text_string_to_metric_families(answer.text)
+        for s in family.samples
+    }
+
+
+def starts(rig: str, reason: str, outcome: str) -> str:
+    return "gemma_rig_waker_starts_total" + json.dumps({"outcome": outcome, "reason": reason, "rig": rig})
+
+
+def test_the_metrics_count_a_preemption_and_the_starts(spot: SpotStack) -> None:
+    assert chat(spot.sdk()) and spot.starts() == ["rig-a"]
+    assert metrics(spot)[starts("rig-a", "wake", "ok")] == 1
+    spot.event("rig-a", "preempt")
+    wait(lambda: spot.status()["rig-a"]["up"], "rig-a up again")
+    time.sleep(WATCH * 3)  # more looks at the same preemption count nothing more
+    got = metrics(spot)
+    assert got['gemma_rig_waker_preemptions_total{"rig": "rig-a"}'] == 1
+    assert got['gemma_rig_waker_preemptions_total{"rig": "rig-b"}'] == 0
+    assert got[starts("rig-a", "recovery", "ok")] == 1 and got[starts("rig-a", "wake", "ok")] == 1
+    assert got[starts("rig-a", "recovery", "failed")] == 0 and got[starts("rig-b", "wake", "ok")] == 0
+    assert got['gemma_rig_waker_rig_stopped{"rig": "rig-a"}'] == 0  # preempted is not on purpose
+
+
+def test_a_failed_recovery_start_is_counted_as_failed(tmp_path: Path) -> None:
+    with SpotStack(tmp_path, Faults(op_delay=0.1)) as spot:
+        spot.power_on("rig-a")
+        spot.fake.api.faults.stockout_zones.add(ZONES["rig-a"])
+        spot.event("rig-a", "preempt")
+        wait(lambda: metrics(spot)[starts("rig-a", "recovery", "failed")] >= 1, "a failed start counted")
+        assert metrics(spot)[starts("rig-a", "recovery", "ok")] == 0
+
+
+def test_a_rig_stopped_on_purpose_is_marked_until_it_runs_again(spot: SpotStack) -> None:
+    stopped = 'gemma_rig_waker_rig_stopped{"rig": "%s"}'
+    spot.power_on("rig-a")
+    spot.power_on("rig-b")
+    spot.event("rig-a", "guestTerminate")
+    with spot.fake.api.lock:
+        spot.fake.api.instance_action(PROJECT, ZONES["rig-b"], "rig-b", "stop", {})
+    wait(
+        lambda: metrics(spot)[stopped % "rig-a"] == 1 and metrics(spot)[stopped % "rig-b"] == 1, "both marked"
+    )
+    assert chat(spot.sdk()) and spot.starts() == ["rig-a"]  # a request wakes rig-a: running again
+    assert metrics(spot)[stopped % "rig-a"] == 0 and metrics(spot)[stopped % "rig-b"] == 1
+
+
+class PlainStack(SpotStack):
+    """The same watch over rigs that are not spot: it only tells whether each is stopped on purpose."""
+
+    def config(self) -> dict:
+        config = super().config()
+        for rig in config["rigs"]:
+            rig["spot"] = False
+        return config
+
+
+def test_the_watch_marks_a_rig_that_is_not_spot_too(tmp_path: Path) -> None:
+    with PlainStack(tmp_path, Faults(op_delay=0.1)) as plain:
+        plain.power_on("rig-a")
+        plain.event("rig-a", "guestTerminate")
+        wait(lambda: metrics(plain)['gemma_rig_waker_rig_stopped{"rig": "rig-a"}'] == 1, "rig-a marked")
+        got = metrics(plain)
+        assert not [k for k in got if "preemptions" in k or '"recovery"' in k]  # no spot rig here
+        assert plain.status() == {} and plain.starts() == []
+
+
+def test_the_metrics_are_for_local_clients_that_did_not_come_through_haproxy(spot: SpotStack) -> None:
+    relayed = httpx.get(spot.url + "/waker/metrics", headers={"X-Gemma-Rig-Backend": "be_default"})
+    assert relayed.status_code == 403 and spot.starts() == []
+    assert "refused GET /waker/metrics from 127.0.0.1" in spot.log
+    assert httpx.post(spot.url + "/waker/metrics", json={}).status_code == 400  # not the metrics: a request
+    assert httpx.get(spot.url + "/waker/metrics?x=1").status_code == 400  # only the exact path
