@@ -116,6 +116,7 @@ def run(
     headers: list[tuple[bytes, bytes]] | None = None,
     split: int = 0,
     send: Callable[[dict], Any] | None = None,
+    length: bool = True,
 ) -> bytes:
     """One request through ``app`` (the body in pieces of ``split`` bytes); the body the client got."""
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -140,7 +141,7 @@ def run(
         "method": "POST",
         "path": path,
         "root_path": "",
-        "headers": auth + [(b"content-length", str(len(raw)).encode())] + (headers or []),
+        "headers": auth + ([(b"content-length", str(len(raw)).encode())] if length else []) + (headers or []),
     }
     asyncio.run(app(scope, receive, collect))
     return b"".join(got)
@@ -447,3 +448,11 @@ def test_a_vllm_that_sends_usage_anyway_gets_the_request_as_it_came(guarded, mon
     body = {"messages": [], "stream": True}
     run(guard, body, headers=named(b"kim"))
     assert json.loads(vllm.requests[-1][1]) == body
+
+
+def test_a_chunked_request_gets_no_content_length(guarded) -> None:
+    """A request sent without Content-Length (chunked) reaches vLLM without one after the rewrite."""
+    guard, vllm = guarded()
+    run(guard, {"messages": [], "stream": True}, headers=named(b"lee"), split=5, length=False)
+    _, raw, headers = vllm.requests[-1]
+    assert "content-length" not in headers and json.loads(raw)["stream_options"] == {"include_usage": True}

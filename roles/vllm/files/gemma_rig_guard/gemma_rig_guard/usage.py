@@ -143,8 +143,12 @@ def _replay(messages: list[Message], receive: Receive) -> Receive:
 
 
 def _with_length(scope: Scope, length: int) -> Scope:
-    headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-length"]
-    return {**scope, "headers": [*headers, (b"content-length", str(length).encode())]}
+    """``scope`` with its Content-Length (when it has one) giving ``length``."""
+    headers = scope.get("headers", [])
+    if not any(k.lower() == b"content-length" for k, _ in headers):
+        return scope
+    kept = [(k, v) for k, v in headers if k.lower() != b"content-length"]
+    return {**scope, "headers": [*kept, (b"content-length", str(length).encode())]}
 
 
 class _Stream:
@@ -184,6 +188,8 @@ class _Stream:
         return rest
 
     def _event(self, event: bytes) -> bytes:
+        if not self.strip and b'"usage"' not in event:
+            return b""  # read only: an event without usage is not worth parsing
         chunk = _json(event[6:]) if event.startswith(b"data: {") else None
         if not isinstance(chunk, dict):
             return self.release() + event
