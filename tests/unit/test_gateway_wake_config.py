@@ -120,3 +120,49 @@ def test_a_gce_rig_without_a_zone_is_refused(tmp_path: Path) -> None:
     assert rc == 2
     assert "Wake on request needs each rig's project and zone: rig-1 has none" in " ".join(failed.split())
     assert not (etc / "gemma-gateway" / "rig-waker.json").exists()
+
+
+def wake_tasks(tmp: Path, *extra: str) -> tuple[int, int]:
+    """roles/gateway's wake tasks alone with gateway_wake off, on the inventory render() wrote:
+    (rc, changed tasks)."""
+    play = tmp / "off.yml"
+    include = {"ansible.builtin.include_role": {"name": "gateway", "tasks_from": "wake"}}
+    play.write_text(yaml.safe_dump([{"hosts": "gateways", "gather_facts": False, "tasks": [include]}]))
+    run = run_playbook(
+        str(play), "-e", "gateway_wake=false", *extra, inventory=tmp / "inventory", timeout=300
+    )
+    assert run.rc == 0, run.output[-4000:]
+    return run.rc, run.total("changed", ["gw"])
+
+
+def test_wake_turned_off_removes_the_waker_the_last_run_set_up(tmp_path: Path) -> None:
+    rc, _, etc = render(tmp_path, {"gateway_wake": True}, {"rig_gce_zone": "us-east1-c"})
+    files = [etc / "gemma-gateway" / "rig-waker.json", etc / "gemma-gateway" / "rig-waker.token"]
+    assert rc == 0 and all(f.exists() for f in files)
+    assert wake_tasks(tmp_path, "--check")[1] == 1 and all(
+        f.exists() for f in files
+    )  # check mode: said, not done
+    assert wake_tasks(tmp_path)[1] == 1
+    assert not any(f.exists() for f in files)
+    assert wake_tasks(tmp_path)[1] == 0  # gone already: nothing to do
+
+
+def test_wake_turned_off_stops_disables_and_removes_the_unit() -> None:
+    """What the off branch does to the service (no systemd on the controller to run it against):
+    stop and disable the unit if its file is there, remove the program and the unit, reload."""
+    tasks = yaml.safe_load((ROOT / "roles/gateway/tasks/wake.yml").read_text())
+    off = next(t for t in tasks if t["when"] == "not gateway_wake | bool")["block"]
+    stop = next(t for t in off if t.get("ansible.builtin.systemd_service", {}).get("state"))
+    assert stop["ansible.builtin.systemd_service"] == {
+        "name": "{{ _gateway_wake_unit }}", "state": "stopped", "enabled": False
+    }  # fmt: skip
+    assert "_gateway_wake_unit_left.stat.exists" in stop["when"]
+    remove = next(t for t in off if "ansible.builtin.file" in t)
+    assert remove["ansible.builtin.file"]["state"] == "absent"
+    assert set(remove["vars"]["_gateway_wake_installed"]) == {
+        "{{ _gateway_wake_bin }}", "/etc/systemd/system/{{ _gateway_wake_unit }}.service"
+    }  # fmt: skip
+    reload = off[-1]["ansible.builtin.systemd_service"]
+    assert reload == {"daemon_reload": True} and "_gateway_wake_removed is changed" in off[-1]["when"]
+    on = next(t for t in tasks if t["when"] == "gateway_wake | bool")["block"]
+    assert any(t.get("ansible.builtin.copy", {}).get("dest") == "{{ _gateway_wake_config }}" for t in on)
