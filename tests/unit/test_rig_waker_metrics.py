@@ -7,6 +7,7 @@ holds instances.start until the second start has said it joins, so no timing dec
 
 from __future__ import annotations
 
+import subprocess
 import threading
 from typing import Any
 
@@ -139,3 +140,16 @@ def test_a_wake_and_a_recovery_of_one_rig_share_its_start(
         assert "STOCKOUT" in waker.recovery["a"]["last_error"]
     else:
         assert outcome["wake"] is waker.rigs["a"] and waker.recovery["a"]["up"]
+
+
+def test_promtool_finds_nothing_to_lint_in_the_metrics() -> None:
+    """Prometheus's own linter (`promtool check metrics`: names, HELP, TYPE, counters' _total)."""
+    from tests.unit.test_alert_rules import promtool
+
+    module = load_waker()
+    waker = waker_with(module, ["a", "b"], {"a"}, {"be": ["a", "b"]})
+    result = subprocess.run(
+        [promtool(), "check", "metrics"], input=module.metrics(waker), capture_output=True, text=True,
+        timeout=30, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
