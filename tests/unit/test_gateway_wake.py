@@ -104,6 +104,7 @@ class Stack:
             "gateway_port": self.port,
             "gateway_wake": True,
             "gateway_wake_port": free_port(),
+            "gateway_metrics_port": free_port(),  # never the local gateway's 8404, up beside in the e2e lane
             "gateway_wake_api": self.fake.endpoint,
         }
         (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))

@@ -166,3 +166,10 @@ def test_wake_turned_off_stops_disables_and_removes_the_unit() -> None:
     assert reload == {"daemon_reload": True} and "_gateway_wake_removed is changed" in off[-1]["when"]
     on = next(t for t in tasks if t["when"] == "gateway_wake | bool")["block"]
     assert any(t.get("ansible.builtin.copy", {}).get("dest") == "{{ _gateway_wake_config }}" for t in on)
+
+
+def test_config_runs_the_wake_tasks_either_way() -> None:
+    """wake.yml's take-down branch is reached only if config.yml includes it with wake off too."""
+    tasks = yaml.safe_load((ROOT / "roles/gateway/tasks/config.yml").read_text())
+    include = next(t for t in tasks if t.get("ansible.builtin.include_tasks") == "wake.yml")
+    assert "when" not in include
