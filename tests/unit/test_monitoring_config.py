@@ -38,12 +38,15 @@ pytestmark = pytest.mark.skipif(
 def render(
     tmp: Path,
     monitor_vars: dict,
-    group: str = "gateways",
+    group: str | None = "gateways",
     rig_b: str = "rig-b",
     rig_b_vars: dict | None = None,
     secrets: dict | None = None,
 ) -> tuple[int, str, Path]:
-    """Run the monitoring role for one monitoring host ``mon`` in ``group``; return rc, output, its /etc."""
+    """Run the monitoring role for one monitoring host ``mon`` in ``group``; return rc, output, its /etc.
+
+    With no group, there is no monitoring host: playbooks/monitoring.yml runs, on the controller.
+    """
     inventory = tmp / "inventory"
     (inventory / "group_vars").mkdir(parents=True)
     (inventory / "group_vars" / "all").symlink_to(ROOT / "inventory" / "group_vars" / "all")
@@ -58,25 +61,30 @@ def render(
             "rig-a": {**local, "rig_env_file": str(env_a)},
             rig_b: {**local, "rig_env_file": str(env_b), "rig_port": 8001, **(rig_b_vars or {})},
         }}}},
-        group: {"hosts": {"mon": {
-            **local,
-            "monitoring_service_manage": False,
-            "monitoring_config_dir": str(etc / "prometheus"),
-            "monitoring_defaults_dir": str(etc / "default"),
-            "monitoring_promtool": str(PROMTOOL),
-            "monitoring_amtool": str(AMTOOL),
-            **monitor_vars,
-        }}},
     }  # fmt: skip
+    settings = {
+        "monitoring_service_manage": False,
+        "monitoring_config_dir": str(etc / "prometheus"),
+        "monitoring_defaults_dir": str(etc / "default"),
+        "monitoring_promtool": str(PROMTOOL),
+        "monitoring_amtool": str(AMTOOL),
+        **monitor_vars,
+    }
+    if group:
+        hosts[group] = {"hosts": {"mon": {**local, **settings}}}
+    else:  # the controller's play, without sudo here
+        secrets = {**(secrets or {}), **settings, "ansible_become": False,
+                   "ansible_python_interpreter": str(VENV_BIN / "python")}  # fmt: skip
     (etc / "default").mkdir(parents=True)
     (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
-    extra = tmp / "secrets.json"
+    extra = tmp / "extra.json"
     extra.touch(mode=0o600)
     extra.write_text(json.dumps(secrets or {}))
     play = tmp / "play.yml"
     tasks = [{"name": "Monitoring", "ansible.builtin.include_role": {"name": "monitoring"}}]
     play.write_text(yaml.safe_dump([{"hosts": group, "gather_facts": False, "tasks": tasks}]))
-    run = run_playbook(str(play), "-e", f"@{extra}", inventory=inventory, timeout=300)
+    playbook = str(play) if group else str(ROOT / "playbooks" / "monitoring.yml")
+    run = run_playbook(playbook, "-e", f"@{extra}", inventory=inventory, timeout=300)
     assert run.rc in (0, 2), run.output[-4000:]
     return run.rc, run.output, etc
 
@@ -195,3 +203,16 @@ def test_a_render_promtool_refuses_leaves_the_old_configuration(tmp_path: Path) 
     rc, output, etc = render(tmp_path, {"monitoring_scrape_interval": "5 parsecs"})
     assert rc == 2 and "promtool" in output
     assert (etc / "prometheus" / "prometheus.yml").read_text() == old
+
+
+def test_with_no_gateway_the_playbook_sets_monitoring_up_on_the_controller(tmp_path: Path) -> None:
+    rc, output, etc = render(tmp_path, {}, group=None)
+    assert rc == 0, output[-3000:]
+    assert "PLAY [Monitoring on the controller (a fleet with no gateway)]" in output
+    check(PROMTOOL, "check", "config", str(etc / "prometheus" / "prometheus.yml"))
+    by_name = jobs(etc)
+    assert sorted(by_name) == ["alertmanager", "node", "prometheus", "vllm"]
+    assert [c["labels"]["rig"] for c in by_name["vllm"]["static_configs"]] == ["rig-a", "rig-b"]
+    # The controller is in no platform group: its fleet's profile (the rigs' local.yml).
+    config = yaml.safe_load((etc / "prometheus" / "prometheus.yml").read_text())
+    assert config["global"]["scrape_interval"] == PROFILE["monitoring_profile_scrape_interval"]
