@@ -188,7 +188,9 @@ def test_a_host_outside_the_gateways_without_a_key_scrapes_the_rigs_plainly(tmp_
 
 
 # (An inventory value holding "{{" is a template to Ansible itself, which fails before the role.)
-@pytest.mark.parametrize("address", ["10.0.0.1\n  - job_name: x", "h' \"x", "10.0.0.1:80/metrics?x", "fe80::1"])
+@pytest.mark.parametrize(
+    "address", ["10.0.0.1\n  - job_name: x", "h' \"x", "10.0.0.1:80/metrics?x", "fe80::1"]
+)
 def test_a_hostile_rig_address_is_refused_in_one_line(tmp_path: Path, address: str) -> None:
     rc, output, etc = render(tmp_path, {}, rig_b_vars={"gateway_backend_address": address})
     assert rc == 2
