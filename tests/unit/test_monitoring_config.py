@@ -95,6 +95,14 @@ def check(tool: Path, *args: str) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def again(tmp: Path, *args: str) -> tuple[int, int, str]:
+    """Run the play render() wrote once more (``args``: --check, ...); return its rc, changes, output."""
+    run = run_playbook(
+        str(tmp / "play.yml"), "-e", f"@{tmp / 'extra.json'}", *args, inventory=tmp / "inventory", timeout=300
+    )
+    return run.rc, run.total("changed"), run.output
+
+
 def jobs(etc: Path) -> dict[str, dict]:
     """prometheus.yml's scrape jobs by name."""
     config = yaml.safe_load((etc / "prometheus" / "prometheus.yml").read_text())
@@ -218,3 +226,13 @@ def test_with_no_gateway_the_playbook_sets_monitoring_up_on_the_controller(tmp_p
     # The controller is in no platform group: its fleet's profile (the rigs' local.yml).
     config = yaml.safe_load((etc / "prometheus" / "prometheus.yml").read_text())
     assert config["global"]["scrape_interval"] == PROFILE["monitoring_profile_scrape_interval"]
+
+
+def test_a_second_run_changes_nothing_and_check_mode_diff_shows_no_key(tmp_path: Path) -> None:
+    rc, output, _ = render(tmp_path, {"gateway_wake": True}, secrets={"rig_api_key": KEY})
+    assert rc == 0, output[-3000:]
+    assert again(tmp_path)[:2] == (0, 0)
+    # The key file changes under --diff: Ansible shows nothing of it.
+    (tmp_path / "etc" / "prometheus" / "rig-api-key").write_text("an old key")
+    rc, changed, output = again(tmp_path, "--check", "--diff")
+    assert (rc, changed) == (0, 1) and KEY not in output and "an old key" not in output
