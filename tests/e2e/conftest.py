@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,14 @@ import yaml
 
 from tests.ansible_run import PlaybookRun, run_playbook
 from tests.conftest import ROOT
-from tests.e2e.rig import assert_closed, assert_serving, podman, rig_containers, served_models
+from tests.e2e.rig import (
+    assert_closed,
+    assert_serving,
+    podman,
+    rig_containers,
+    served_build,
+    served_models,
+)
 from tests.molecule_run import release_early
 
 CONTAINER = "gemma-rig"
@@ -80,9 +89,101 @@ def fleet(local_rig: LocalRig):
         assert down.rc == 0, down.output[-4000:]
 
 
+# The gateway in front of the fleet (test_25, then test_26), and its clients: test-only keys.
+GATEWAY_INVENTORY = (*FLEET_INVENTORY, "-i", str(ROOT / "inventory" / "gateway-local.yml"))
+GATEWAY_CLIENTS = {"e2e": "sk-gw-e2e-0123456789abcdef", "e2e-b": "sk-gw-e2e-b-0123456789abcdef"}
+
+
+@dataclass
+class AlertReceiver:
+    """A webhook receiver on the controller's loopback: Alertmanager's notifications, as they came."""
+
+    url: str
+    received: list[dict] = field(default_factory=list)
+    arrived: threading.Condition = field(default_factory=threading.Condition)
+
+    def firing(self, alertname: str, **labels: str) -> list[dict]:
+        """The firing alerts named ``alertname`` with ``labels`` received so far."""
+        with self.arrived:
+            return [
+                alert
+                for message in self.received
+                for alert in message.get("alerts", [])
+                if alert.get("status") == "firing"
+                and alert.get("labels", {}).get("alertname") == alertname
+                and all(alert.get("labels", {}).get(k) == v for k, v in labels.items())
+            ]
+
+    def wait_firing(self, alertname: str, seconds: float, **labels: str) -> list[dict]:
+        """Block until such an alert arrives or ``seconds`` pass; what arrived."""
+        with self.arrived:
+            self.arrived.wait_for(lambda: self.firing(alertname, **labels), timeout=seconds)
+            return self.firing(alertname, **labels)
+
+
+@pytest.fixture(scope="session")
+def alert_receiver():
+    """The local receiver the gateway's Alertmanager posts to (the gateway shares this host's network)."""
+    receiver: AlertReceiver
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:  # quiet
+            pass
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            with receiver.arrived:
+                receiver.received.append(json.loads(body or b"{}"))
+                receiver.arrived.notify_all()
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    receiver = AlertReceiver(f"http://127.0.0.1:{server.server_address[1]}/alerts")
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield receiver
+    server.shutdown()
+
+
+@pytest.fixture(scope="session")
+def gateway(
+    fleet, local_rig: LocalRig, alert_receiver: AlertReceiver, tmp_path_factory: pytest.TempPathFactory
+):
+    """The gateway (with its monitoring) in front of rig-local and rig-b: stood up by test_25, handed
+    to test_26, and taken down by the last of them in the session (`gateway_down`)."""
+    keys = tmp_path_factory.mktemp("gateway") / "keys.json"
+    keys.touch(mode=0o600)
+    keys.write_text(
+        json.dumps({"gateway_api_keys": GATEWAY_CLIENTS, "monitoring_alert_webhook_url": alert_receiver.url})
+    )
+    run = run_playbook("gateway.yml", *GATEWAY_INVENTORY, "-e", f"@{keys}")
+    assert run.rc == 0, run.output[-6000:]
+    yield keys, run
+    gateway_down(local_rig)
+
+
+def gateway_down(rig: LocalRig) -> None:
+    """rig-b and the gateway removed, rig-local back on its build: the state the next files expect."""
+    if {"gemma-rig-b", "gemma-gateway"} & set(rig_containers()):
+        down = run_playbook("teardown.yml", "-l", "rig-b,gateway-local", *GATEWAY_INVENTORY)
+        assert down.rc == 0, down.output[-4000:]
+    assert not {"gemma-rig-b", "gemma-gateway"} & set(rig_containers())
+    if served_build(rig.port) != rig.model:  # the rolling swap went away from it
+        back = run_playbook("swap.yml", "-e", f"model={rig.model}")
+        assert back.rc == 0, back.output[-4000:]
+    assert_serving(rig.container, rig.port, rig.model)
+
+
+def runs_later(request: pytest.FixtureRequest, module: str) -> bool:
+    """Whether a file named ``module`` runs later in this session (it takes over what is up)."""
+    return any(item.module.__name__.endswith(module) for item in request.session.items)
+
+
 def hands_over_the_fleet(request: pytest.FixtureRequest) -> bool:
     """Whether test_25 runs later in this session: then test_20 leaves the fleet up for it."""
-    return any(item.module.__name__.endswith("test_25_gateway") for item in request.session.items)
+    return runs_later(request, "test_25_gateway")
 
 
 @pytest.fixture(scope="module", autouse=True)

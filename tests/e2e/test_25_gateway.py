@@ -41,14 +41,13 @@ from tests.e2e.agents import (
     assert_json_schema_answer,
     assert_streamed_call_is_the_same,
 )
-from tests.e2e.conftest import FLEET_INVENTORY
+from tests.e2e.conftest import GATEWAY_CLIENTS, GATEWAY_INVENTORY, gateway_down, runs_later
 from tests.e2e.kill import kill_controller, start_playbook
 from tests.e2e.rig import (
     assert_knows_the_facts,
     assert_serving,
     chat,
     podman,
-    rig_containers,
     served_build,
     swap_downtime,
     unit_started_at,
@@ -60,10 +59,9 @@ import gateway_overhead
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 RIG_START = "fleet"  # rig-local and rig-b on tiny-emb4, as test_20 hands them over
 
-GATEWAY = ("-i", str(ROOT / "inventory" / "gateway-local.yml"))
-INVENTORY = (*FLEET_INVENTORY, *GATEWAY)
+INVENTORY = GATEWAY_INVENTORY
 RIGS = {"rig-local": ("gemma-rig", 8000), "rig-b": ("gemma-rig-b", 8001)}
-KEY = "sk-gw-e2e-0123456789abcdef"  # a test-only key
+KEY = GATEWAY_CLIENTS["e2e"]
 URL = "https://127.0.0.1:8443"  # gateway_port, gateway-local's gateway_address
 CERT = ROOT / "build" / "gateway" / "gateway-local.crt"  # gateway_controller_dir
 RATE = 2.0  # requests started per second
@@ -175,22 +173,12 @@ def gateway_status() -> dict[str, dict]:
     return {row["rig"]: row for row in json.loads(result.stdout)}
 
 
-@pytest.fixture(scope="module")
-def gateway(fleet, local_rig, tmp_path_factory: pytest.TempPathFactory):
-    """The gateway in front of rig-local and rig-b; both are left the way the next files expect."""
-    keys = tmp_path_factory.mktemp("gateway") / "keys.json"
-    keys.touch(mode=0o600)
-    keys.write_text(json.dumps({"gateway_api_keys": {"e2e": KEY}}))
-    run = run_playbook("gateway.yml", *INVENTORY, "-e", f"@{keys}")
-    assert run.rc == 0, run.output[-6000:]
-    yield keys, run
-    down = run_playbook("teardown.yml", "-l", "rig-b,gateway-local", *INVENTORY)
-    assert down.rc == 0, down.output[-4000:]
-    assert not {"gemma-rig-b", "gemma-gateway"} & set(rig_containers())
-    if served_build(local_rig.port) != local_rig.model:  # the rolling swap went away from it
-        back = run_playbook("swap.yml", "-e", f"model={local_rig.model}")
-        assert back.rc == 0, back.output[-4000:]
-    assert_serving(local_rig.container, local_rig.port, local_rig.model)
+@pytest.fixture(scope="module", autouse=True)
+def hand_back(request: pytest.FixtureRequest, local_rig):
+    """The gateway and rig-b go when this file ends, unless test_26 takes them over."""
+    yield
+    if not runs_later(request, "test_26_metrics"):
+        gateway_down(local_rig)
 
 
 def test_rolling_swap_through_the_gateway_no_client_notices(gateway, local_rig, figure) -> None:

@@ -19,6 +19,7 @@ import json
 import ssl
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -106,6 +107,14 @@ def until(check, what: str) -> None:
     while not check():
         assert time.monotonic() < deadline, f"waited {WAIT} s for {what}"
         time.sleep(0.5)
+
+
+def preempted_alert(state: str) -> bool:
+    """Whether the gateway host's Prometheus has GemmaSpotPreempted for rig-local in ``state``."""
+    query = urllib.parse.urlencode({"query": 'ALERTS{alertname="GemmaSpotPreempted",rig="rig-local"}'})
+    with urllib.request.urlopen(f"http://127.0.0.1:9090/api/v1/query?{query}", timeout=10) as answer:
+        result = json.load(answer)["data"]["result"]
+    return any(r["metric"].get("alertstate") == state for r in result)
 
 
 def gateway_state(rig: str) -> str:
@@ -286,6 +295,9 @@ def test_a_preempted_spot_rig_is_started_again_without_a_request(wake: Wake, fig
         "gateway-ctl to show the recovery",
     )
     assert "preempted at" in recovery()
+    # The gateway host's Prometheus scrapes rig-waker: the preemption is an alert there.
+    until(lambda: preempted_alert("firing"), "Prometheus to fire GemmaSpotPreempted for rig-local")
+    figure("preemption -> GemmaSpotPreempted firing in Prometheus", f"{time.monotonic() - preempted:.1f} s")
     fact = FACTS[20]
     with explained():
         assert ask(sdk(), wake.model, fact)[0] == fact.answer
