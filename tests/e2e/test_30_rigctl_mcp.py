@@ -194,6 +194,7 @@ def test_read_only_hides_the_mutating_tools(mcp_dirs) -> None:
         "check_capacity",
         "verify_clamp",
         "cost",  # it only reads the cloud API and the price table
+        "metrics",  # it only reads Prometheus
     }
 
 
