@@ -31,6 +31,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -76,10 +77,7 @@ class Result:
 
     def round_ratios(self) -> list[float]:
         """Each round's gateway throughput over the same round's direct throughput."""
-        by_round: list[dict[str, Round]] = [{} for _ in range(len(self.rounds) // 2)]
-        for n, r in enumerate(self.rounds):
-            by_round[n // 2][r.endpoint] = r
-        return [pair["gateway"].tokens_per_s / pair["direct"].tokens_per_s for pair in by_round]
+        return pair_ratios(self.rounds, "gateway", "direct")
 
     def summary(self) -> str:
         direct, via = self.tokens_per_s("direct"), self.tokens_per_s("gateway")
@@ -90,6 +88,31 @@ class Result:
             f"ratio {self.ratio:.3f} ({(1 - self.ratio) * 100:+.1f}% loss); per round: median "
             f"{statistics.median(ratios):.3f}, min {min(ratios):.3f}, max {max(ratios):.3f}"
         )
+
+
+def pair_ratios(rounds: list[Round], top: str, bottom: str) -> list[float]:
+    """Each round's ``top`` throughput over the same round's ``bottom`` (rounds come in pairs)."""
+    pairs: list[dict[str, Round]] = [{} for _ in range(len(rounds) // 2)]
+    for n, r in enumerate(rounds):
+        pairs[n // 2][r.endpoint] = r
+    return [p[top].tokens_per_s / p[bottom].tokens_per_s for p in pairs]
+
+
+def write_record(
+    directory: Path, label: str, head: dict[str, Any], result: Any, tail: dict[str, Any]
+) -> Path:
+    """``directory``/``label``.json: when, ``head``, the result's fields and rounds, then ``tail``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    out = directory / f"{label}.json"
+    record = {
+        "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        **head,
+        **{k: v for k, v in asdict(result).items() if k != "rounds"},
+        "rounds": [{**asdict(r), "tokens_per_s": r.tokens_per_s} for r in result.rounds],
+        **tail,
+    }
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    return out
 
 
 async def _one_round(
@@ -218,22 +241,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(result.summary())
     if args.record:
-        args.record.mkdir(parents=True, exist_ok=True)
-        out = args.record / f"{args.label}.json"
-        record = {
-            "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "rig": args.rig,
-            "gateway": args.gateway,
-            "model": args.model,
-            **{k: v for k, v in asdict(result).items() if k != "rounds"},
-            "rounds": [{**asdict(r), "tokens_per_s": r.tokens_per_s} for r in result.rounds],
+        head = {"rig": args.rig, "gateway": args.gateway, "model": args.model}
+        tail = {
             "direct_tokens_per_s": result.tokens_per_s("direct"),
             "gateway_tokens_per_s": result.tokens_per_s("gateway"),
             "ratio": result.ratio,
             "round_ratios": result.round_ratios(),
         }
-        out.write_text(json.dumps(record, indent=2) + "\n")
-        print(f"recorded {out}")
+        print(f"recorded {write_record(args.record, args.label, head, result, tail)}")
     return 0
 
 

@@ -26,20 +26,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime as dt
-import json
 import re
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling module below
 
-from gateway_overhead import BenchError, Round, _one_round
+from gateway_overhead import BenchError, Round, _one_round, pair_ratios, write_record
 
 # Prometheus's own Accept header for a scrape (text format 0.0.4 and OpenMetrics).
 SCRAPE_ACCEPT = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
@@ -68,10 +66,7 @@ class Result:
         return self.tokens_per_s("scraped") / self.tokens_per_s("quiet")
 
     def round_ratios(self) -> list[float]:
-        pairs: list[dict[str, Round]] = [{} for _ in range(len(self.rounds) // 2)]
-        for n, r in enumerate(self.rounds):
-            pairs[n // 2][r.endpoint] = r
-        return [p["scraped"].tokens_per_s / p["quiet"].tokens_per_s for p in pairs]
+        return pair_ratios(self.rounds, "scraped", "quiet")
 
     @property
     def core_share(self) -> float:
@@ -206,22 +201,15 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(result.summary())
     if args.record:
-        args.record.mkdir(parents=True, exist_ok=True)
-        out = args.record / f"{args.label}.json"
-        record = {
-            "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "rig": args.rig,
-            "model": args.model,
-            **{k: v for k, v in asdict(result).items() if k != "rounds"},
-            "rounds": [{**asdict(r), "tokens_per_s": r.tokens_per_s} for r in result.rounds],
+        tail = {
             "quiet_tokens_per_s": result.tokens_per_s("quiet"),
             "scraped_tokens_per_s": result.tokens_per_s("scraped"),
             "ratio": result.ratio,
             "round_ratios": result.round_ratios(),
             "core_share": result.core_share,
         }
-        out.write_text(json.dumps(record, indent=2) + "\n")
-        print(f"recorded {out}")
+        head = {"rig": args.rig, "model": args.model}
+        print(f"recorded {write_record(args.record, args.label, head, result, tail)}")
     return 0
 
 
