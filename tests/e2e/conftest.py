@@ -148,11 +148,10 @@ def alert_receiver():
 
 
 @pytest.fixture(scope="session")
-def gateway(
-    fleet, local_rig: LocalRig, alert_receiver: AlertReceiver, tmp_path_factory: pytest.TempPathFactory
-):
+def gateway(fleet, alert_receiver: AlertReceiver, tmp_path_factory: pytest.TempPathFactory):
     """The gateway (with its monitoring) in front of rig-local and rig-b: stood up by test_25, handed
-    to test_26, and taken down by the last of them in the session (`gateway_down`)."""
+    to test_26. The last of them in the session takes it down (`gateway_down` in its module
+    fixture): a session fixture's own teardown would run after test_99 took every rig away."""
     keys = tmp_path_factory.mktemp("gateway") / "keys.json"
     keys.touch(mode=0o600)
     keys.write_text(
@@ -160,8 +159,7 @@ def gateway(
     )
     run = run_playbook("gateway.yml", *GATEWAY_INVENTORY, "-e", f"@{keys}")
     assert run.rc == 0, run.output[-6000:]
-    yield keys, run
-    gateway_down(local_rig)
+    return keys, run
 
 
 def gateway_down(rig: LocalRig) -> None:

@@ -6,6 +6,7 @@ import hashlib
 import json
 import re
 import subprocess
+import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +106,19 @@ def served_build(port: int) -> str:
     served = served_models(port)
     assert served, f"port {port}: /v1/models lists no model"
     return served[0]
+
+
+def wait_listed(port: int, timeout: float = 600) -> str:
+    """The build vLLM on ``port`` serves, once /v1/models answers (a unit just started loads its
+    model first; ``timeout`` is a bound for two busy cores, not a measured figure)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return served_build(port)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
 
 
 def podman(*args: str) -> subprocess.CompletedProcess[str]:

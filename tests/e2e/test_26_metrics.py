@@ -24,7 +24,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.e2e.conftest import GATEWAY_CLIENTS, AlertReceiver, gateway_down
-from tests.e2e.rig import assert_serving, podman, served_build
+from tests.e2e.rig import assert_serving, podman, wait_listed
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 RIG_START = "default"  # rig-local serving tiny-emb4, closed (rig-b serves what test_25 left: tiny-w8a8)
@@ -204,4 +204,4 @@ def test_a_stopped_rig_pages_someone(gateway, alert_receiver: AlertReceiver, fig
         assert not alert_receiver.firing("GemmaRigDown", rig="rig-local")
     finally:
         assert podman("exec", container, "systemctl", "start", "vllm").returncode == 0
-    assert_serving(container, port, served_build(port))
+    assert_serving(container, port, wait_listed(port))
