@@ -60,13 +60,15 @@ def fleet_openmetrics(
     rigs: tuple[str, ...] = RIGS,
     clients: tuple[str, ...] = CLIENTS,
     idle: tuple[str, ...] = (),
+    gpu_rigs: tuple[str, ...] = ("rig-a",),
 ) -> str:
     """OpenMetrics text: the rigs and clients (the guard's tokens), a sample every STEP_S
     seconds up to ``end``. The gateway's counters are alice's and bob's.
 
     Counters grow at a steady rate per rig (rig-b at twice rig-a's), so rates are known: rig-a
     makes 40 generation tokens/s and 100 prompt tokens/s. rig-b aborted requests; bob got 503s.
-    The ``idle`` rigs (of ``rigs``) served nothing: their counters stay at 0."""
+    The ``idle`` rigs (of ``rigs``) served nothing: their counters stay at 0. The ``gpu_rigs`` have
+    a T4 the guard reads with nvidia-smi: 50 % busy, 12 of 15 GiB, 60 °C, 50 W."""
     times = [end - STEP_S * i for i in range(minutes * 60 // STEP_S, -1, -1)]
     start = times[0]
     out: list[str] = []
@@ -94,6 +96,16 @@ def fleet_openmetrics(
                 series.append(
                     ("gemma_rig_client_tokens_total", {"client": client, "kind": kind}, 0, rate * n)
                 )
+        if rig in gpu_rigs:
+            card = {"gpu": "0", "uuid": f"GPU-{i:08x}-0b7d-4e3a-9c61-2f8d7a4b1e90"}
+            for name, value in (
+                ("gemma_rig_gpu_utilization_ratio", 0.5),
+                ("gemma_rig_gpu_memory_used_bytes", 12 * 2**30),
+                ("gemma_rig_gpu_memory_total_bytes", 15 * 2**30),
+                ("gemma_rig_gpu_temperature_celsius", 60),
+                ("gemma_rig_gpu_power_draw_watts", 50),
+            ):
+                series.append((name, card, value, 0))
         for name, extra, first, per_s in series:
             labels = {**base, **extra}
             out += [_line(name, labels, first + per_s * (t - start), t) for t in times]

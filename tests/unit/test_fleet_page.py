@@ -20,7 +20,7 @@ from tests import prometheus_backfill as pb
 
 CHROMIUM = Path("/usr/bin/chromium-headless-shell")
 PAGE = "/consoles/gemma-rig.html"
-PANELS = {"tokens", "ttft", "requests", "kv-cache", "errors", "client-requests", "client-tokens"}
+PANELS = {"tokens", "ttft", "requests", "kv-cache", "gpu", "errors", "client-requests", "client-tokens"}
 WIDTH, HEIGHT = 1400, 1800
 # A client name is whatever api-keys.map says: the page shows it as text, never as markup.
 HOSTILE = '<img src=x onerror="alert(1)">\\"} or vector(1)'
@@ -124,6 +124,8 @@ def test_every_panel_shows_numbers_and_the_screenshot_is_taken(tmp_path: Path, f
     assert len(panels.values["ttft"]) == 2 * 2 and panels.text.count("idle") == 2
     # The figures are the backfilled ones: rig-a makes 40 generation tokens/s, rig-b 80.
     assert [round(float(v)) for v in panels.values["tokens"][::2]] == [40, 80, 0]
+    # Only rig-a has a GPU (nvidia-smi): one row, in base units.
+    assert [float(v) for v in panels.values["gpu"]] == [0.5, 12 * 2**30, 15 * 2**30, 60, 50]
     figure("fleet page test (backfill, Prometheus, Chromium x2)", f"{time.monotonic() - began:.1f} s")
 
 

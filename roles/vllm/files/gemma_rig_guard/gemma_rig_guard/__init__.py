@@ -18,7 +18,8 @@ from the environment; an unset or empty ``GEMMA_RIG_SERVED_PATHS`` is an error a
 open rig.
 
 It also counts, in the registry vLLM's /metrics serves: the tokens each client's answers reported
-on the completion paths (usage.py) and the free space of the rig's disks (filesystem.py).
+on the completion paths (usage.py), the free space of the rig's disks (filesystem.py) and, where
+``nvidia-smi`` is, the GPU's own figures (gpu.py).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from . import filesystem, usage
+from . import filesystem, gpu, usage
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -76,6 +77,7 @@ class ServedPathsGuard:
         # Digests of equal length, so the comparison's time says nothing of the key's length.
         self.key_digest = hashlib.sha256(key.encode()).digest() if key else None
         filesystem.register()
+        gpu.register()
 
     def key_ok(self, scope: Scope) -> bool:
         if self.key_digest is None:
