@@ -124,6 +124,16 @@ def test_every_panel_shows_numbers_and_the_screenshot_is_taken(tmp_path: Path, f
     assert len(panels.values["ttft"]) == 2 * 2 and panels.text.count("idle") == 2
     # The figures are the backfilled ones: rig-a makes 40 generation tokens/s, rig-b 80.
     assert [round(float(v)) for v in panels.values["tokens"][::2]] == [40, 80, 0]
+    # Counts over the hour are whole numbers (increase() extrapolates; the page rounds). The errors
+    # panel ends with the clients' rows: requests, 5xx and the 5xx share, which is no count.
+    errors = panels.values["errors"]
+    counts = {
+        "errors": errors[: -3 * 3] + [v for i, v in enumerate(errors[-3 * 3 :]) if i % 3 != 2],
+        "client-requests": panels.values["client-requests"],
+        "client-tokens": panels.values["client-tokens"],
+    }
+    for name, values in counts.items():
+        assert values and all(float(v).is_integer() for v in values), (name, values)
     # Only rig-a has a GPU (nvidia-smi): one row, in base units.
     assert [float(v) for v in panels.values["gpu"]] == [0.5, 12 * 2**30, 15 * 2**30, 60, 50]
     figure("fleet page test (backfill, Prometheus, Chromium x2)", f"{time.monotonic() - began:.1f} s")
