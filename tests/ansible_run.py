@@ -99,3 +99,22 @@ def module_docs(*modules: str) -> dict[str, dict]:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
+
+
+def render_gateway(
+    tmp: Path, inventory: Path | str, secrets: dict, *args: str, timeout: float = 300
+) -> PlaybookRun:
+    """The gateway role's tls and config tasks on the inventory's gateways (what gateway.yml runs
+    there, without provisioning); ``secrets`` go in a 0600 file under ``tmp``, never on a command
+    line."""
+    secrets_file = tmp / "secrets.json"
+    secrets_file.touch(mode=0o600)
+    secrets_file.write_text(json.dumps(secrets))
+    role = "ansible.builtin.include_role"
+    tasks = [
+        {"name": "TLS", role: {"name": "gateway", "tasks_from": "tls"}},
+        {"name": "Config", role: {"name": "gateway", "tasks_from": "config"}},
+    ]
+    play = tmp / "play.yml"
+    play.write_text(json.dumps([{"hosts": "gateways", "gather_facts": False, "tasks": tasks}]))
+    return run_playbook(str(play), "-e", f"@{secrets_file}", *args, inventory=inventory, timeout=timeout)

@@ -33,7 +33,7 @@ import openai
 import pytest
 import yaml
 
-from tests.ansible_run import run_playbook
+from tests.ansible_run import render_gateway, run_playbook
 from tests.conftest import ROOT, VENV_BIN
 from tests.fake_rig import FakeRig, chat_body, chunk_body
 
@@ -135,19 +135,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
             "gateway_extra_models": ["tiny-w4a16"],
         }
         (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
-        secrets = tmp / "secrets.json"
-        secrets.touch(mode=0o600)
-        secrets.write_text(
-            json.dumps({"gateway_api_keys": {"alice": KEY, "bob": KEY_BOB}, "rig_api_key": RIG_KEY})
-        )
-        play = tmp / "play.yml"
-        role = "ansible.builtin.include_role"
-        tasks = [
-            {"name": "TLS", role: {"name": "gateway", "tasks_from": "tls"}},
-            {"name": "Config", role: {"name": "gateway", "tasks_from": "config"}},
-        ]
-        play.write_text(yaml.safe_dump([{"hosts": "gateways", "gather_facts": False, "tasks": tasks}]))
-        run = run_playbook(str(play), "-e", f"@{secrets}", inventory=inventory, timeout=300)
+        secrets = {"gateway_api_keys": {"alice": KEY, "bob": KEY_BOB}, "rig_api_key": RIG_KEY}
+        run = render_gateway(tmp, inventory, secrets)
         assert run.rc == 0, run.output[-9000:]
         gw.playbook_output = run.output
         gw.start()

@@ -9,21 +9,19 @@ files only (gateway_service_manage: false), as tests/unit/test_gateway_config.py
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.ansible_run import PlaybookRun, render_gateway
 from tests.conftest import ROOT, VENV_BIN
 
 KEY = "sk-gw-unit-0123456789abcdef"  # a test-only key
 
 
-def _render(tmp: Path, rig_vars: dict) -> tuple[subprocess.CompletedProcess[str], Path]:
+def _render(tmp: Path, rig_vars: dict) -> tuple[PlaybookRun, Path]:
     inventory = tmp / "inventory"
     (inventory / "group_vars").mkdir(parents=True)
     (inventory / "group_vars" / "all").symlink_to(ROOT / "inventory" / "group_vars" / "all")
@@ -47,32 +45,13 @@ def _render(tmp: Path, rig_vars: dict) -> tuple[subprocess.CompletedProcess[str]
         },
     }
     (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
-    secrets = tmp / "secrets.json"
-    secrets.touch(mode=0o600)
-    secrets.write_text(json.dumps({"gateway_api_keys": {"alice": KEY}}))
-    role = "ansible.builtin.include_role"
-    tasks = [
-        {"name": "TLS", role: {"name": "gateway", "tasks_from": "tls"}},
-        {"name": "Config", role: {"name": "gateway", "tasks_from": "config"}},
-    ]
-    play = tmp / "play.yml"
-    play.write_text(yaml.safe_dump([{"hosts": "gateways", "gather_facts": False, "tasks": tasks}]))
-    run = subprocess.run(
-        [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), "-e", f"@{secrets}", str(play)],
-        cwd=ROOT,
-        env={**os.environ, "ANSIBLE_NOCOLOR": "1"},
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-    )
-    return run, etc / "haproxy.cfg"
+    return render_gateway(tmp, inventory, {"gateway_api_keys": {"alice": KEY}}), etc / "haproxy.cfg"
 
 
 def test_a_gce_rig_open_to_the_vpc_is_reached_at_its_internal_address(tmp_path: Path) -> None:
     assert shutil.which("haproxy"), "haproxy is not installed on the controller: run scripts/setup.sh"
     run, cfg = _render(tmp_path, {"gce_internal_ip": "10.128.0.7", "rig_endpoint_open": True})
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert run.rc == 0, run.output[-6000:]
     assert "server rig-1 10.128.0.7:8000 check" in cfg.read_text()
 
 
@@ -85,13 +64,13 @@ def test_a_gce_rig_open_to_the_vpc_is_reached_at_its_internal_address(tmp_path: 
 )
 def test_a_gce_rig_the_gateway_cannot_reach_is_refused(tmp_path: Path, rig_vars: dict) -> None:
     run, cfg = _render(tmp_path, rig_vars)
-    out = " ".join((run.stdout + run.stderr).split())
-    assert run.returncode == 2 and "The gateway cannot reach rig-1" in out, out[-3000:]
+    out = " ".join(run.output.split())
+    assert run.rc == 2 and "The gateway cannot reach rig-1" in out, out[-3000:]
     assert "TASK [gateway : Read each rig's tpu.env]" not in out  # refused before any rig is asked
     assert not cfg.exists()
 
 
 def test_gateway_backend_address_still_wins(tmp_path: Path) -> None:
     run, cfg = _render(tmp_path, {"gateway_backend_address": "10.0.0.9"})
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert run.rc == 0, run.output[-6000:]
     assert "server rig-1 10.0.0.9:8000 check" in cfg.read_text()

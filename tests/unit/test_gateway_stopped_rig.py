@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.ansible_run import PlaybookRun, run_playbook
+from tests.ansible_run import PlaybookRun, render_gateway, run_playbook
 from tests.conftest import ROOT, VENV_BIN
 
 KEY = "sk-gw-unit-0123456789abcdef"  # a test-only key
@@ -68,17 +68,7 @@ def write_inventory(tmp: Path, rig_b_up: bool) -> Path:
 def render(tmp: Path, rig_b_up: bool, *args: str) -> PlaybookRun:
     """Run the gateway's tls and config tasks on ``gw``."""
     inventory = write_inventory(tmp, rig_b_up)
-    secrets = tmp / "secrets.json"
-    secrets.touch(mode=0o600)
-    secrets.write_text(json.dumps({"gateway_api_keys": {"alice": KEY}}))
-    role = "ansible.builtin.include_role"
-    tasks = [
-        {"name": "TLS", role: {"name": "gateway", "tasks_from": "tls"}},
-        {"name": "Config", role: {"name": "gateway", "tasks_from": "config"}},
-    ]
-    play = tmp / "play.yml"
-    play.write_text(yaml.safe_dump([{"hosts": "gateways", "gather_facts": False, "tasks": tasks}]))
-    return run_playbook(str(play), "-e", f"@{secrets}", *args, inventory=inventory, timeout=120)
+    return render_gateway(tmp, inventory, {"gateway_api_keys": {"alice": KEY}}, *args, timeout=120)
 
 
 def record_path(tmp: Path) -> Path:

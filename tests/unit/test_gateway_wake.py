@@ -28,7 +28,7 @@ import openai
 import pytest
 import yaml
 
-from tests.ansible_run import run_playbook
+from tests.ansible_run import render_gateway
 from tests.conftest import ROOT, VENV_BIN
 from tests.fake_compute import FakeComputeServer, Faults
 from tests.fake_rig import FakeRig
@@ -108,21 +108,8 @@ class Stack:
             "gateway_wake_api": self.fake.endpoint,
         }
         (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
-        secrets = self.tmp / "secrets.json"
-        secrets.touch(mode=0o600)
-        secrets.write_text(
-            json.dumps(
-                {"gateway_api_keys": {"alice": KEY}, "rig_api_key": RIG_KEY, "gateway_wake_token": TOKEN}
-            )
-        )
-        role = "ansible.builtin.include_role"
-        tasks = [
-            {"name": "TLS", role: {"name": "gateway", "tasks_from": "tls"}},
-            {"name": "Config", role: {"name": "gateway", "tasks_from": "config"}},
-        ]
-        play = self.tmp / "play.yml"
-        play.write_text(yaml.safe_dump([{"hosts": "gateways", "gather_facts": False, "tasks": tasks}]))
-        run = run_playbook(str(play), "-e", f"@{secrets}", inventory=inventory, timeout=300)
+        secrets = {"gateway_api_keys": {"alice": KEY}, "rig_api_key": RIG_KEY, "gateway_wake_token": TOKEN}
+        run = render_gateway(self.tmp, inventory, secrets)
         assert run.rc == 0, run.output[-6000:]
         assert TOKEN not in run.output and RIG_KEY not in run.output
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.ansible_run import run_playbook
+from tests.ansible_run import render_gateway, run_playbook
 from tests.conftest import ROOT, VENV_BIN
 
 KEY = "sk-gw-unit-0123456789abcdef"  # a test-only key
@@ -52,17 +52,7 @@ def render(tmp: Path, gateway_vars: dict, gce_rig: dict) -> tuple[int, str, Path
         },
     }
     (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
-    secrets = tmp / "secrets.json"
-    secrets.touch(mode=0o600)
-    secrets.write_text(json.dumps({"gateway_api_keys": {"alice": KEY}, "gateway_wake_token": TOKEN}))
-    role = "ansible.builtin.include_role"
-    tasks = [
-        {"name": "TLS", role: {"name": "gateway", "tasks_from": "tls"}},
-        {"name": "Config", role: {"name": "gateway", "tasks_from": "config"}},
-    ]
-    play = tmp / "play.yml"
-    play.write_text(yaml.safe_dump([{"hosts": "gateways", "gather_facts": False, "tasks": tasks}]))
-    run = run_playbook(str(play), "-e", f"@{secrets}", inventory=inventory, timeout=300)
+    run = render_gateway(tmp, inventory, {"gateway_api_keys": {"alice": KEY}, "gateway_wake_token": TOKEN})
     assert run.rc in (0, 2), run.output[-4000:]
     return run.rc, run.output, etc
 
