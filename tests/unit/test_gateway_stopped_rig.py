@@ -30,8 +30,28 @@ def closed_port() -> int:
         return sock.getsockname()[1]
 
 
-def write_inventory(tmp: Path, rig_b_up: bool) -> Path:
-    """Gateway ``gw`` (rendering files under tmp/etc) in front of rig-a (up) and rig-b; return its path."""
+def gateway_dir(tmp: Path, name: str) -> Path:
+    """Where gateway ``name`` renders: tmp itself for ``gw``, else tmp/NAME."""
+    return tmp if name == "gw" else tmp / name
+
+
+def gateway_vars(where: Path) -> dict:
+    """A gateway rendering files only, under ``where``."""
+    return {
+        **LOCAL,
+        "gateway_service_manage": False,
+        "gateway_config_dir": str(where / "etc"),
+        "gateway_admin_socket": str(where / "admin.sock"),
+        "gateway_controller_dir": str(where / "ctl"),
+        "gateway_address": "127.0.0.1",
+    }
+
+
+def write_inventory(tmp: Path, rig_b_up: bool, gateways: tuple[str, ...] = ("gw",)) -> Path:
+    """Gateway ``gw`` (rendering files under tmp/etc) in front of rig-a (up) and rig-b; return its path.
+
+    With other ``gateways`` named, each renders under its own tmp/NAME/etc, beside the others.
+    """
     inventory = tmp / "inventory"
     if not inventory.exists():
         (inventory / "group_vars").mkdir(parents=True)
@@ -48,18 +68,7 @@ def write_inventory(tmp: Path, rig_b_up: bool) -> Path:
                 "rig-b": {**(LOCAL if rig_b_up else stopped), "rig_env_file": str(env_b), "rig_port": 8001},
             }
         },
-        "gateways": {
-            "hosts": {
-                "gw": {
-                    **LOCAL,
-                    "gateway_service_manage": False,
-                    "gateway_config_dir": str(tmp / "etc"),
-                    "gateway_admin_socket": str(tmp / "admin.sock"),
-                    "gateway_controller_dir": str(tmp / "ctl"),
-                    "gateway_address": "127.0.0.1",
-                }
-            }
-        },
+        "gateways": {"hosts": {name: gateway_vars(gateway_dir(tmp, name)) for name in gateways}},
     }
     (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
     return inventory
@@ -128,38 +137,76 @@ MARKER = "/tmp/gemma-rig-record-marker"
 GOOD = {"model": "w8a8", "alias": "gemma", "address": "127.0.0.1", "port": 8001}
 
 
-@pytest.mark.parametrize(
-    ("record", "refusal"),
-    [
-        ({"rig-b": {**GOOD, "model": "x\n  server evil 1.2.3.4:80"}}, "is not a plain model name and alias"),
-        ({"rig-b": {**GOOD, "model": "w8a8\n"}}, "is not a plain model name and alias"),
-        ({"rig-b": {**GOOD, "model": f"{{{{ lookup('pipe', 'touch {MARKER}') }}}}"}}, "is not a plain model"),
-        ({"rig-b": {**GOOD, "alias": "{{ 7 * 7 }}"}}, "is not a plain model name and alias"),
-        ({"rig-b": {**GOOD, "alias": None}}, "is not a plain model name and alias"),
-        ({"rig-b": {**GOOD, "model": ["w8a8"]}}, "is not a plain model name and alias"),
-        ({"rig-b": {**GOOD, "model": {"name": "w8a8"}}}, "is not a plain model name and alias"),
-        ({"rig-b": "w8a8"}, "is not a plain model name and alias"),
-        ({"rig-b": {"alias": "gemma"}}, "is not a plain model name and alias"),
-        ([{"rig-b": GOOD}], "is not a JSON object of rig names"),
-        ('"w8a8"', "is not a JSON object of rig names"),  # a JSON string
-        ('{"rig-b": {"model": "w8a8"', "is not JSON"),
-        ("model: w8a8", "is not JSON"),
-    ],
-)
-def test_a_hostile_record_renders_nothing(tmp_path: Path, record: object, refusal: str) -> None:
+HOSTILE = [
+    ({"rig-b": {**GOOD, "model": "x\n  server evil 1.2.3.4:80"}}, "is not a plain model name and alias"),
+    ({"rig-b": {**GOOD, "model": "w8a8\n"}}, "is not a plain model name and alias"),
+    ({"rig-b": {**GOOD, "model": f"{{{{ lookup('pipe', 'touch {MARKER}') }}}}"}}, "is not a plain model"),
+    ({"rig-b": {**GOOD, "alias": "{{ 7 * 7 }}"}}, "is not a plain model name and alias"),
+    ({"rig-b": {**GOOD, "alias": None}}, "is not a plain model name and alias"),
+    ({"rig-b": {**GOOD, "model": ["w8a8"]}}, "is not a plain model name and alias"),
+    ({"rig-b": {**GOOD, "model": {"name": "w8a8"}}}, "is not a plain model name and alias"),
+    ({"rig-b": "w8a8"}, "is not a plain model name and alias"),
+    ({"rig-b": {"alias": "gemma"}}, "is not a plain model name and alias"),
+    ([{"rig-b": GOOD}], "is not a JSON object of rig names"),
+    ('"w8a8"', "is not a JSON object of rig names"),  # a JSON string
+    ('{"rig-b": {"model": "w8a8"', "is not JSON"),
+    ("model: w8a8", "is not JSON"),
+]
+HOSTILE_GATEWAYS = tuple(f"gw{index}" for index in range(len(HOSTILE)))
+
+
+def record_text(record: object) -> str:
+    """A record's file text: a string is the file's text as it is."""
+    return record if isinstance(record, str) else json.dumps(record)
+
+
+@pytest.fixture(scope="module")
+def hostile_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, PlaybookRun]:
+    """One run with a gateway per hostile record (gw0, gw1, ...: each its own files, one record
+    each), all in front of the stopped rig-b: each gateway fails or renders on its own, so each
+    record's refusal is its gateway's, as if it ran alone (ansible goes on with the other hosts)."""
+    tmp = tmp_path_factory.mktemp("hostile")
     Path(MARKER).unlink(missing_ok=True)
-    record_path(tmp_path).parent.mkdir(parents=True)
-    text = record if isinstance(record, str) else json.dumps(record)  # a string: the file's text as it is
-    record_path(tmp_path).write_text(text)
-    run = render(tmp_path, False)
-    out = " ".join(run.output.split())
+    for name, (record, _) in zip(HOSTILE_GATEWAYS, HOSTILE, strict=True):
+        record_path(gateway_dir(tmp, name)).parent.mkdir(parents=True)
+        record_path(gateway_dir(tmp, name)).write_text(record_text(record))
+    inventory = write_inventory(tmp, False, HOSTILE_GATEWAYS)
+    return tmp, render_gateway(tmp, inventory, {"gateway_api_keys": {"alice": KEY}}, timeout=300)
+
+
+def failure(output: str, host: str) -> str:
+    """The last failure ansible printed for ``host`` (its header and indented result: the one
+    that stopped it, after any a rescue caught), whitespace joined; empty when there is none."""
+    lines = output.splitlines()
+    header = f"fatal: [{host}]: FAILED!"
+    starts = [i for i, line in enumerate(lines) if line.startswith(header)]
+    if not starts:
+        return ""
+    block = [lines[starts[-1]]]
+    for line in lines[starts[-1] + 1 :]:
+        if line and not line[0].isspace():
+            break
+        block.append(line)
+    return " ".join(" ".join(block).split())
+
+
+@pytest.mark.parametrize(("index", "refusal"), [(i, refusal) for i, (_, refusal) in enumerate(HOSTILE)])
+def test_a_hostile_record_renders_nothing(
+    hostile_run: tuple[Path, PlaybookRun], index: int, refusal: str
+) -> None:
+    tmp, run = hostile_run
+    host = HOSTILE_GATEWAYS[index]
+    where = gateway_dir(tmp, host)
+    out = failure(run.output, host)
     assert run.rc == 2, run.output[-3000:]
-    assert refusal in out and "refusing to route" in out, out[-3000:]
+    assert run.recap[host]["failed"] == 1, run.recap
+    assert refusal in out and "refusing to route" in out, run.output[-3000:]
+    assert str(record_path(where)) in out  # its own record named, not another gateway's
     assert "Start rig-b (or run site.yml)" in out
     assert not Path(MARKER).exists()  # never templated
-    assert not (tmp_path / "etc" / "haproxy.cfg").exists()
-    assert not (tmp_path / "etc" / "gemma-gateway" / "models.map").exists()
-    assert record_path(tmp_path).read_text() == text  # left as found
+    assert not (where / "etc" / "haproxy.cfg").exists()
+    assert not (where / "etc" / "gemma-gateway" / "models.map").exists()
+    assert record_path(where).read_text() == record_text(HOSTILE[index][0])  # left as found
 
 
 TOOLS = ROOT / "build" / "prometheus" / "usr" / "bin"
