@@ -122,17 +122,6 @@ def test_a_stopped_rig_is_routed_as_the_record_says_and_named(tmp_path: Path) ->
     assert run.total("changed", ["gw"]) == 1  # haproxy.cfg alone; the record and maps are as they were
 
 
-def test_a_stopped_rig_the_gateway_never_routed_is_named_with_what_to_do(tmp_path: Path) -> None:
-    run = render(tmp_path, False)
-    out = " ".join(run.output.split())
-    assert run.rc == 2
-    assert (
-        "rig-b is not reachable (stopped?) and the gateway has no record of what it routes there "
-        f"({record_path(tmp_path)} on gw): start rig-b (or run site.yml), then run this again" in out
-    ), out[-3000:]
-    assert not (tmp_path / "etc" / "haproxy.cfg").exists()
-
-
 MARKER = "/tmp/gemma-rig-record-marker"
 GOOD = {"model": "w8a8", "alias": "gemma", "address": "127.0.0.1", "port": 8001}
 
@@ -153,6 +142,7 @@ HOSTILE = [
     ("model: w8a8", "is not JSON"),
 ]
 HOSTILE_GATEWAYS = tuple(f"gw{index}" for index in range(len(HOSTILE)))
+NO_RECORD = "gw-new"  # a gateway that has never routed: no record at all
 
 
 def record_text(record: object) -> str:
@@ -161,16 +151,17 @@ def record_text(record: object) -> str:
 
 
 @pytest.fixture(scope="module")
-def hostile_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, PlaybookRun]:
+def stopped_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, PlaybookRun]:
     """One run with a gateway per hostile record (gw0, gw1, ...: each its own files, one record
-    each), all in front of the stopped rig-b: each gateway fails or renders on its own, so each
-    record's refusal is its gateway's, as if it ran alone (ansible goes on with the other hosts)."""
+    each) and one with no record (NO_RECORD), all in front of the stopped rig-b: each gateway fails
+    or renders on its own, so each refusal is its gateway's, as if it ran alone (ansible goes on
+    with the other hosts)."""
     tmp = tmp_path_factory.mktemp("hostile")
     Path(MARKER).unlink(missing_ok=True)
     for name, (record, _) in zip(HOSTILE_GATEWAYS, HOSTILE, strict=True):
         record_path(gateway_dir(tmp, name)).parent.mkdir(parents=True)
         record_path(gateway_dir(tmp, name)).write_text(record_text(record))
-    inventory = write_inventory(tmp, False, HOSTILE_GATEWAYS)
+    inventory = write_inventory(tmp, False, (*HOSTILE_GATEWAYS, NO_RECORD))
     return tmp, render_gateway(tmp, inventory, {"gateway_api_keys": {"alice": KEY}}, timeout=300)
 
 
@@ -192,9 +183,9 @@ def failure(output: str, host: str) -> str:
 
 @pytest.mark.parametrize(("index", "refusal"), [(i, refusal) for i, (_, refusal) in enumerate(HOSTILE)])
 def test_a_hostile_record_renders_nothing(
-    hostile_run: tuple[Path, PlaybookRun], index: int, refusal: str
+    stopped_run: tuple[Path, PlaybookRun], index: int, refusal: str
 ) -> None:
-    tmp, run = hostile_run
+    tmp, run = stopped_run
     host = HOSTILE_GATEWAYS[index]
     where = gateway_dir(tmp, host)
     out = failure(run.output, host)
@@ -207,6 +198,20 @@ def test_a_hostile_record_renders_nothing(
     assert not (where / "etc" / "haproxy.cfg").exists()
     assert not (where / "etc" / "gemma-gateway" / "models.map").exists()
     assert record_path(where).read_text() == record_text(HOSTILE[index][0])  # left as found
+
+
+def test_a_stopped_rig_the_gateway_never_routed_is_named_with_what_to_do(
+    stopped_run: tuple[Path, PlaybookRun],
+) -> None:
+    tmp, run = stopped_run
+    where = gateway_dir(tmp, NO_RECORD)
+    out = failure(run.output, NO_RECORD)
+    assert run.rc == 2 and run.recap[NO_RECORD]["failed"] == 1, run.output[-3000:]
+    assert (
+        "rig-b is not reachable (stopped?) and the gateway has no record of what it routes there "
+        f"({record_path(where)} on {NO_RECORD}): start rig-b (or run site.yml), then run this again" in out
+    ), run.output[-3000:]
+    assert not (where / "etc" / "haproxy.cfg").exists()
 
 
 TOOLS = ROOT / "build" / "prometheus" / "usr" / "bin"
