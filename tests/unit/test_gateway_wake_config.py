@@ -12,58 +12,86 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
-from tests.ansible_run import render_gateway, run_playbook
+from tests.ansible_run import PlaybookRun, render_gateway, run_playbook
 from tests.conftest import ROOT, VENV_BIN
 
 KEY = "sk-gw-unit-0123456789abcdef"  # a test-only key
 TOKEN = "ya29.test-only-token-0123"
 
 
-def render(tmp: Path, gateway_vars: dict, gce_rig: dict) -> tuple[int, str, Path]:
+LOCAL = {"ansible_connection": "local", "ansible_python_interpreter": str(VENV_BIN / "python")}
+
+
+def render_gateways(tmp: Path, gateways: dict[str, dict], gce_rig: dict) -> PlaybookRun:
+    """Render each gateway in ``gateways`` (name -> its vars), each under tmp/NAME (tmp itself for
+    ``gw``), in front of the same two rigs, in one run: ansible renders or fails each on its own."""
     inventory = tmp / "inventory"
     (inventory / "group_vars").mkdir(parents=True)
     (inventory / "group_vars" / "all").symlink_to(ROOT / "inventory" / "group_vars" / "all")
-    local = {"ansible_connection": "local", "ansible_python_interpreter": str(VENV_BIN / "python")}
     env_a, env_b = tmp / "a.env", tmp / "b.env"
     env_a.write_text("RIG_MODEL_KEY=emb4\nRIG_SERVED_MODEL_NAME=emb4\nRIG_SERVED_ALIAS=gemma\n")
     env_b.write_text("RIG_MODEL_KEY=w8a8\nRIG_SERVED_MODEL_NAME=w8a8\nRIG_SERVED_ALIAS=gemma\n")
-    etc = tmp / "etc"
     gce = {"gce_internal_ip": "10.128.0.7", "rig_endpoint_open": True, "gce_project": "proj-1", **gce_rig}
     hosts = {
         "rigs": {
-            "hosts": {"rig-local": {**local, "rig_env_file": str(env_b), "rig_port": 8001}},
-            "children": {"gce": {"hosts": {"rig-1": {**local, "rig_env_file": str(env_a), **gce}}}},
+            "hosts": {"rig-local": {**LOCAL, "rig_env_file": str(env_b), "rig_port": 8001}},
+            "children": {"gce": {"hosts": {"rig-1": {**LOCAL, "rig_env_file": str(env_a), **gce}}}},
         },
         "gateways": {
             "hosts": {
-                "gw": {
-                    **local,
+                name: {
+                    **LOCAL,
                     "gateway_service_manage": False,
-                    "gateway_config_dir": str(etc),
-                    "gateway_admin_socket": str(tmp / "admin.sock"),
-                    "gateway_controller_dir": str(tmp / "ctl"),
+                    "gateway_config_dir": str(where(tmp, name) / "etc"),
+                    "gateway_admin_socket": str(where(tmp, name) / "admin.sock"),
+                    "gateway_controller_dir": str(where(tmp, name) / "ctl"),
                     "gateway_address": "127.0.0.1",
                     "gateway_extra_models": ["w4a16"],
                     **gateway_vars,
                 }
+                for name, gateway_vars in gateways.items()
             }
         },
     }
     (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
     run = render_gateway(tmp, inventory, {"gateway_api_keys": {"alice": KEY}, "gateway_wake_token": TOKEN})
     assert run.rc in (0, 2), run.output[-4000:]
-    return run.rc, run.output, etc
+    return run
 
 
-def test_wake_on_gives_every_backend_the_waker_as_backup(tmp_path: Path) -> None:
-    rc, output, etc = render(
-        tmp_path,
-        {"gateway_wake": True, "gateway_wake_port": 8442},
-        {"rig_gce_zone": "us-east1-c", "gce_provisioning_model": "spot"},
+def where(tmp: Path, name: str) -> Path:
+    """The directory gateway ``name`` renders under."""
+    return tmp if name == "gw" else tmp / name
+
+
+def render(tmp: Path, gateway_vars: dict, gce_rig: dict) -> tuple[int, str, Path]:
+    """Render one gateway ``gw``; return rc, output and its /etc."""
+    run = render_gateways(tmp, {"gw": gateway_vars}, gce_rig)
+    return run.rc, run.output, tmp / "etc"
+
+
+# Three gateways in front of the same rigs (rig-1 in a zone, spot), rendered in one run: wake on
+# (its own port), wake off, and wake on for the test that then turns it off.
+WAKE_ON, WAKE_OFF, TURNED_OFF = "gw-on", "gw-off", "gw-turned-off"
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, PlaybookRun]:
+    tmp = tmp_path_factory.mktemp("wake")
+    gateways = {WAKE_ON: {"gateway_wake": True, "gateway_wake_port": 8442}, WAKE_OFF: {},
+                TURNED_OFF: {"gateway_wake": True}}  # fmt: skip
+    return tmp, render_gateways(
+        tmp, gateways, {"rig_gce_zone": "us-east1-c", "gce_provisioning_model": "spot"}
     )
-    assert rc == 0 and TOKEN not in output
+
+
+def test_wake_on_gives_every_backend_the_waker_as_backup(rendered: tuple[Path, PlaybookRun]) -> None:
+    tmp, run = rendered
+    etc = where(tmp, WAKE_ON) / "etc"
+    assert run.rc == 0 and TOKEN not in run.output, run.output[-4000:]
     cfg = (etc / "haproxy.cfg").read_text()
     backends = list(cfg.split("\nbackend ")[1:])
     assert [b.split("\n", 1)[0] for b in backends] == [
@@ -98,9 +126,10 @@ def test_wake_on_gives_every_backend_the_waker_as_backup(tmp_path: Path) -> None
     assert (etc / "gemma-gateway" / "rig-waker.json").stat().st_mode & 0o077 == 0
 
 
-def test_wake_off_renders_no_waker(tmp_path: Path) -> None:
-    rc, _, etc = render(tmp_path, {}, {"rig_gce_zone": "us-east1-c"})
-    assert rc == 0
+def test_wake_off_renders_no_waker(rendered: tuple[Path, PlaybookRun]) -> None:
+    tmp, run = rendered
+    etc = where(tmp, WAKE_OFF) / "etc"
+    assert run.rc == 0, run.output[-4000:]
     assert "rig-waker" not in (etc / "haproxy.cfg").read_text()
     assert not (etc / "gemma-gateway" / "rig-waker.json").exists()
 
@@ -112,29 +141,37 @@ def test_a_gce_rig_without_a_zone_is_refused(tmp_path: Path) -> None:
     assert not (etc / "gemma-gateway" / "rig-waker.json").exists()
 
 
-def wake_tasks(tmp: Path, *extra: str) -> tuple[int, int]:
-    """roles/gateway's wake tasks alone with gateway_wake off, on the inventory render() wrote:
-    (rc, changed tasks)."""
+def wake_tasks(tmp: Path, host: str, *extra: str) -> tuple[int, int]:
+    """roles/gateway's wake tasks alone with gateway_wake off, on ``host`` of the inventory
+    render_gateways() wrote: (rc, changed tasks)."""
     play = tmp / "off.yml"
     include = {"ansible.builtin.include_role": {"name": "gateway", "tasks_from": "wake"}}
     play.write_text(yaml.safe_dump([{"hosts": "gateways", "gather_facts": False, "tasks": [include]}]))
     run = run_playbook(
-        str(play), "-e", "gateway_wake=false", *extra, inventory=tmp / "inventory", timeout=300
+        str(play),
+        "-e",
+        "gateway_wake=false",
+        "--limit",
+        host,
+        *extra,
+        inventory=tmp / "inventory",
+        timeout=300,
     )
     assert run.rc == 0, run.output[-4000:]
-    return run.rc, run.total("changed", ["gw"])
+    return run.rc, run.total("changed", [host])
 
 
-def test_wake_turned_off_removes_the_waker_the_last_run_set_up(tmp_path: Path) -> None:
-    rc, _, etc = render(tmp_path, {"gateway_wake": True}, {"rig_gce_zone": "us-east1-c"})
+def test_wake_turned_off_removes_the_waker_the_last_run_set_up(rendered: tuple[Path, PlaybookRun]) -> None:
+    tmp, run = rendered
+    etc = where(tmp, TURNED_OFF) / "etc"
     files = [etc / "gemma-gateway" / "rig-waker.json", etc / "gemma-gateway" / "rig-waker.token"]
-    assert rc == 0 and all(f.exists() for f in files)
-    assert wake_tasks(tmp_path, "--check")[1] == 1 and all(
+    assert run.rc == 0 and all(f.exists() for f in files), run.output[-4000:]
+    assert wake_tasks(tmp, TURNED_OFF, "--check")[1] == 1 and all(
         f.exists() for f in files
     )  # check mode: said, not done
-    assert wake_tasks(tmp_path)[1] == 1
+    assert wake_tasks(tmp, TURNED_OFF)[1] == 1
     assert not any(f.exists() for f in files)
-    assert wake_tasks(tmp_path)[1] == 0  # gone already: nothing to do
+    assert wake_tasks(tmp, TURNED_OFF)[1] == 0  # gone already: nothing to do
 
 
 def test_wake_turned_off_stops_disables_and_removes_the_unit() -> None:
