@@ -17,6 +17,9 @@ vLLM builds the class with ``app.add_middleware(cls)`` and no arguments, so it r
 from the environment; an unset or empty ``GEMMA_RIG_SERVED_PATHS`` is an error at start, never an
 open rig.
 
+A rig being stopped answers /health and new requests with 503 and ends the requests it cannot
+finish in time as a whole answer would end (drain.py).
+
 It also counts, in the registry vLLM's /metrics serves: the tokens each client's answers reported
 on the completion paths (usage.py), the free space of the rig's disks (filesystem.py) and, where
 ``nvidia-smi`` is, the GPU's own figures (gpu.py).
@@ -31,7 +34,7 @@ import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from . import filesystem, gpu, usage
+from . import drain, filesystem, gpu, usage
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -76,6 +79,7 @@ class ServedPathsGuard:
         key = os.environ.get(KEY_ENV, "")
         # Digests of equal length, so the comparison's time says nothing of the key's length.
         self.key_digest = hashlib.sha256(key.encode()).digest() if key else None
+        self.drain_file = drain.file_from_env()
         filesystem.register()
         gpu.register()
 
@@ -110,8 +114,21 @@ class ServedPathsGuard:
             await _refuse(send, 404, f"{pair[0][:16]} {path[:_ECHO_MAX]} is not served by this rig")
         elif pair not in self.open and not self.key_ok(scope):
             await _refuse(send, 401, "missing or wrong API key", {b"www-authenticate": b"Bearer"})
+        elif (
+            self.drain_file is not None
+            and (pair == drain.HEALTH or pair[0] == "POST")
+            and drain.draining(self.drain_file)
+        ):
+            await drain.refuse(send)
         elif pair in usage.COUNTED_PATHS:
-            await usage.counted(self.app, scope, receive, send, path)
+            await usage.counted(self._inner, scope, receive, send, path)
+        else:
+            await self._inner(scope, receive, send)
+
+    async def _inner(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """vLLM's app, under the drain's deadline for a request that generates (a POST)."""
+        if self.drain_file is not None and scope["method"] == "POST":
+            await drain.run(self.app, scope, receive, send, self.drain_file)
         else:
             await self.app(scope, receive, send)
 
