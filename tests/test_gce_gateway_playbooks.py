@@ -18,11 +18,13 @@ from tests.conftest import ROOT, VENV_BIN
 from tests.fake_compute import FakeComputeServer, Faults
 
 # Each test starts ansible-playbook (module start-up imports google-cloud-compute: seconds each);
-# the first provisioning serves the VM's shape and the second run's idempotence alike.
+# the first provisioning (two gateway VMs) serves the VM's shape, each VM's own rule and the second
+# run's idempotence alike.
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 GATEWAY = "gemma-gateway-1"  # the example inventory's host
 KEY = "gw-test-0123456789abcdef"
+SECOND = "gemma-gateway-2"  # a second gateway VM, beside the example's
 
 
 @pytest.fixture
@@ -73,12 +75,30 @@ def _task_output(out: str, task: str) -> str:
     return out[start : min(following, default=len(out))]
 
 
+def _item_output(task: str, item: str) -> str:
+    """One loop item's result in a task's output (from its "=> (item=ITEM)" line to the next result)."""
+    chunks = re.split(r"\n(?=(?:ok|changed|failed|fatal|skipping): \[)", task)
+    (mine,) = [c for c in chunks if f"(item={item})" in c.split("\n", 1)[0]]
+    return mine
+
+
+def _second_gateway(tmp_path: Path) -> Path:
+    """An inventory adding a second gateway VM, gemma-gateway-2, to the example's."""
+    second = tmp_path / "second.yml"
+    second.write_text(yaml.safe_dump({"gateways": {"children": {"gce_gateways": {"hosts": {SECOND: None}}}}}))
+    return second
+
+
 def test_gateway_vm_is_small_only_its_port_is_open_and_a_second_run_changes_nothing(
-    fake: FakeComputeServer, extra: Path
+    fake: FakeComputeServer, extra: Path, tmp_path: Path
 ) -> None:
     """The first provisioning's VM, rule and inventory entry; then, against the filled-in fake, a
-    second run, check mode and the teardown."""
-    result = _play("playbooks/provision_gce_gateways.yml", fake, extra, "-v")
+    second run, check mode and the teardown. Two gateway VMs (the example's and SECOND): each rule
+    targets only its own VM's tag, so one VM's ranges never reach the other's port, and each VM
+    carries only its own among them. (A shared tag, as gce_tags once was the rules' target, opened
+    every VM to every rule's ranges.)"""
+    inventories = (str(_second_gateway(tmp_path)),)
+    result = _play("playbooks/provision_gce_gateways.yml", fake, extra, "-v", inventories=inventories)
     out = result.stdout + result.stderr
     # The VM's IP is unroutable (TEST-NET-3): the play gets as far as the SSH wait and fails there.
     assert result.returncode == 2, out
@@ -86,8 +106,13 @@ def test_gateway_vm_is_small_only_its_port_is_open_and_a_second_run_changes_noth
     assert re.search(r"Timeout when waiting for (search string OpenSSH in )?203\.0\.113\.\d+:22", out), out[
         -3000:
     ]
-    body = fake.api.requests("POST", "/instances")[-1]["body"]
-    assert body["name"] == GATEWAY
+    inserts = fake.api.requests("POST", "/instances")
+    tags = {r["body"]["name"]: r["body"]["tags"]["items"] for r in inserts}
+    assert tags == {
+        GATEWAY: ["gemma-gateway", GATEWAY],
+        SECOND: ["gemma-gateway", SECOND],
+    }
+    body = [r["body"] for r in inserts if r["body"]["name"] == GATEWAY][-1]
     assert body["machineType"] == "zones/us-central1-b/machineTypes/e2-small"
     assert not body.get("guestAccelerators")
     assert [d["deviceName"] for d in body["disks"]] == [GATEWAY]  # the boot disk only
@@ -96,17 +121,21 @@ def test_gateway_vm_is_small_only_its_port_is_open_and_a_second_run_changes_noth
     assert boot["initializeParams"]["diskType"].endswith("/diskTypes/pd-balanced")
     assert body["tags"]["items"] == ["gemma-gateway", GATEWAY]  # the shared tag, and its own
     assert body["labels"] == {"app": "gemma-rig", "role": "gateway"}
-    assert list(fake.api.disks) == [("us-central1-b", GATEWAY)]  # no data disk was made
+    # No data disk was made: each VM's boot disk only.
+    assert sorted(fake.api.disks) == [("us-central1-b", GATEWAY), ("us-central1-b", SECOND)]
 
-    assert list(fake.api.firewalls) == [f"{GATEWAY}-gateway"]
+    assert sorted(fake.api.firewalls) == [f"{GATEWAY}-gateway", f"{SECOND}-gateway"], out[-3000:]
     rule = fake.api.firewalls[f"{GATEWAY}-gateway"]
     assert rule["allowed"] == [{"IPProtocol": "tcp", "ports": ["8443"]}]  # gateway_port only
     assert rule["sourceRanges"] == ["198.51.100.0/24"] and rule["targetTags"] == [GATEWAY]
     assert rule["network"].endswith("/global/networks/default")
+    assert fake.api.firewalls[f"{SECOND}-gateway"]["targetTags"] == [SECOND]
     assert KEY not in out
 
     # The in-memory inventory: a gateway (not a rig), with the internal address its peers reach.
-    task = _task_output(out, "gce : Add the VM to the inventory (gateways and gce_gateways)")
+    task = _item_output(
+        _task_output(out, "gce : Add the VM to the inventory (gateways and gce_gateways)"), GATEWAY
+    )
     added = yaml.safe_load(
         textwrap.dedent(task[task.index("    add_host:") : task.index("    ansible_loop_var")])
     )
@@ -117,7 +146,7 @@ def test_gateway_vm_is_small_only_its_port_is_open_and_a_second_run_changes_noth
     after_first = list(fake.api.mutating_requests())
 
     # Against the filled-in fake (subnetwork, networkIP, fingerprints...): reads only.
-    second = _play("playbooks/provision_gce_gateways.yml", fake, extra)
+    second = _play("playbooks/provision_gce_gateways.yml", fake, extra, inventories=inventories)
     out = second.stdout + second.stderr
     assert "TASK [gce : Wait for SSH on the VM]" in out, out
     for task in (
@@ -125,15 +154,17 @@ def test_gateway_vm_is_small_only_its_port_is_open_and_a_second_run_changes_noth
         "gce : Open the endpoint to the listed ranges, or make sure it is closed",
     ):
         seen = _task_output(out, task)
-        assert f"ok: [{GATEWAY}" in seen and "changed:" not in seen, seen
+        assert f"ok: [{GATEWAY}" in seen and f"ok: [{SECOND}" in seen and "changed:" not in seen, seen
     assert fake.api.mutating_requests() == after_first
     assert "did nothing" in _task_output(out, "gce : Report where the VM landed")
 
-    check = _play("playbooks/provision_gce_gateways.yml", fake, extra, "--check", "--diff")
+    check = _play(
+        "playbooks/provision_gce_gateways.yml", fake, extra, "--check", "--diff", inventories=inventories
+    )
     assert check.returncode == 0, check.stdout
     assert fake.api.mutating_requests() == after_first
 
-    gone = _play("teardown.yml", fake, extra)
+    gone = _play("teardown.yml", fake, extra, inventories=inventories)
     text = " ".join((gone.stdout + gone.stderr).split())
     assert gone.returncode == 0, text
     assert fake.api.instances == {} and fake.api.firewalls == {} and fake.api.disks == {}
@@ -206,25 +237,3 @@ def test_gateway_yml_provisions_the_vm_and_rigs_stay_closed(
     assert ("us-central1-b", GATEWAY) in fake.api.instances
     assert list(fake.api.firewalls) == [f"{GATEWAY}-gateway"]
     assert "sk-rig-0123456789abcdef" not in out and KEY not in out
-
-
-def test_each_vms_rule_targets_only_its_own_tag(fake: FakeComputeServer, extra: Path, tmp_path: Path) -> None:
-    """Two gateway VMs: each rule targets its own VM's tag (the instance name), so one VM's ranges
-    never reach the other's port, and each VM carries only its own among them. (A shared tag, as
-    gce_tags once was the rules' target, opened every VM to every rule's ranges.)"""
-    second = tmp_path / "second.yml"
-    second.write_text(
-        yaml.safe_dump({"gateways": {"children": {"gce_gateways": {"hosts": {"gemma-gateway-2": None}}}}})
-    )
-    result = _play("playbooks/provision_gce_gateways.yml", fake, extra, inventories=(str(second),))
-    out = result.stdout + result.stderr
-    assert out.count("TASK [gce : Wait for SSH on the VM]") >= 1, out[-3000:]
-    rules = fake.api.firewalls
-    assert sorted(rules) == [f"{GATEWAY}-gateway", "gemma-gateway-2-gateway"], out[-3000:]
-    assert rules[f"{GATEWAY}-gateway"]["targetTags"] == [GATEWAY]
-    assert rules["gemma-gateway-2-gateway"]["targetTags"] == ["gemma-gateway-2"]
-    tags = {r["body"]["name"]: r["body"]["tags"]["items"] for r in fake.api.requests("POST", "/instances")}
-    assert tags == {
-        GATEWAY: ["gemma-gateway", GATEWAY],
-        "gemma-gateway-2": ["gemma-gateway", "gemma-gateway-2"],
-    }
