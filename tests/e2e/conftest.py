@@ -162,12 +162,18 @@ def gateway(fleet, alert_receiver: AlertReceiver, tmp_path_factory: pytest.TempP
     return keys, run
 
 
-def gateway_down(rig: LocalRig) -> None:
-    """rig-b and the gateway removed, rig-local back on its build: the state the next files expect."""
-    if {"gemma-rig-b", "gemma-gateway"} & set(rig_containers()):
-        down = run_playbook("teardown.yml", "-l", "rig-b,gateway-local", *GATEWAY_INVENTORY)
+def gateway_down(rig: LocalRig, keep_rig_b: bool = False) -> None:
+    """The gateway removed and rig-b too, or with ``keep_rig_b`` only stopped (its "VM" powered off:
+    test_98 starts it again through the fake Compute API); rig-local back on its build: the state
+    the next files expect."""
+    gone = {"gemma-gateway"} if keep_rig_b else {"gemma-rig-b", "gemma-gateway"}
+    if gone & set(rig_containers()):
+        hosts = "gateway-local" if keep_rig_b else "rig-b,gateway-local"
+        down = run_playbook("teardown.yml", "-l", hosts, *GATEWAY_INVENTORY)
         assert down.rc == 0, down.output[-4000:]
-    assert not {"gemma-rig-b", "gemma-gateway"} & set(rig_containers())
+    assert not gone & set(rig_containers())
+    if keep_rig_b:
+        assert podman("stop", "gemma-rig-b").returncode == 0
     if served_build(rig.port) != rig.model:  # the rolling swap went away from it
         back = run_playbook("swap.yml", "-e", f"model={rig.model}")
         assert back.rc == 0, back.output[-4000:]

@@ -23,7 +23,7 @@ import openai
 import pytest
 
 from tests.conftest import ROOT
-from tests.e2e.conftest import GATEWAY_CLIENTS, AlertReceiver, gateway_down
+from tests.e2e.conftest import GATEWAY_CLIENTS, AlertReceiver, gateway_down, runs_later
 from tests.e2e.rig import assert_serving, podman, wait_listed
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -45,10 +45,11 @@ SAMPLE = re.compile(
 
 
 @pytest.fixture(scope="module", autouse=True)
-def hand_back(gateway, local_rig):
-    """This file is the gateway's last user: it goes, with rig-b, when the file ends."""
+def hand_back(gateway, local_rig, request: pytest.FixtureRequest):
+    """This file is the gateway's last user: it goes when the file ends, and rig-b with it, unless
+    test_98 runs later: then rig-b is only stopped, for test_98 to start through the fake API."""
     yield
-    gateway_down(local_rig)
+    gateway_down(local_rig, keep_rig_b=runs_later(request, "test_98_wake"))
 
 
 def prom(query: str) -> list[dict]:
