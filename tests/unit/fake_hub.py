@@ -66,7 +66,9 @@ class FakeHub:
         self.mismatches: list[str] = []  # answers refused because the hub would never send them
         self.server.mismatches = self.mismatches  # type: ignore[attr-defined]
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
 
     def __enter__(self) -> FakeHub:
         self._thread.start()

@@ -106,7 +106,7 @@ class _Stub(BaseHTTPRequestHandler):
 def stub() -> Iterator[str]:
     _Stub.served, _Stub.fail_after, _Stub.chats = 0, 10**9, []
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_port}"
     server.shutdown()
 

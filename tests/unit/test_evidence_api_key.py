@@ -43,7 +43,7 @@ def server() -> Iterator[tuple[str, list[str]]]:
             self.wfile.write(body.encode())
 
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}", seen
     httpd.shutdown()

@@ -63,7 +63,7 @@ class PoweredRig(RigBehindVm):
             server = ThreadingHTTPServer(("127.0.0.1", self.rig.port), self.rig.server.RequestHandlerClass)
             server.daemon_threads = True
             self.rig.server = server
-            threading.Thread(target=server.serve_forever, daemon=True).start()
+            threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         super().start()
 
 

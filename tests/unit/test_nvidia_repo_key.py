@@ -57,7 +57,7 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     )
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     yield {"home": home, "fprs": fprs, "url": f"http://127.0.0.1:{server.server_address[1]}"}
     server.shutdown()
     # Key generation started this home's own gpg-agent: stop it (only it).

@@ -339,7 +339,7 @@ class Metadata:
                     self.wfile.write(body)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         path = "/computeMetadata/v1/instance/service-accounts/default/token"
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}{path}"
 
