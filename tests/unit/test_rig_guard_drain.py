@@ -134,6 +134,23 @@ async def call(guard: ServedPathsGuard, method: str, path: str, key: bool = True
     return client
 
 
+def drained(app: StandIn, drain_file: Path, seconds: float, after: float) -> tuple[Client, float]:
+    """One chat through the guard over ``app``; ``after`` s in, ExecStop begins a drain of
+    ``seconds``. What the client got, and how long after the drain began the request ended."""
+    guard = ServedPathsGuard(app)
+
+    async def scenario() -> tuple[Client, float]:
+        client = Client()
+        request = asyncio.ensure_future(guard(scope("POST", CHAT), receive, client.send))
+        await asyncio.sleep(after)
+        begin(drain_file, seconds)
+        began = time.time()
+        await asyncio.wait_for(request, 5)
+        return client, time.time() - began
+
+    return asyncio.run(scenario())
+
+
 def errors(body: bytes) -> list[dict]:
     """The error events of an SSE body."""
     events = [e[6:] for e in body.split(b"\n\n") if e.startswith(b"data: {")]
@@ -179,18 +196,7 @@ def test_the_key_and_the_served_paths_are_checked_before_the_drain(drain_file: P
 
 def test_a_stream_still_running_at_the_deadline_ends_with_an_error_event(drain_file: Path) -> None:
     app = StandIn(events=400, pace=0.02)
-    guard = ServedPathsGuard(app)
-
-    async def scenario() -> tuple[Client, float]:
-        client = Client()
-        request = asyncio.ensure_future(guard(scope("POST", CHAT), receive, client.send))
-        await asyncio.sleep(0.2)
-        begin(drain_file, 0.5)
-        began = time.time()
-        await asyncio.wait_for(request, 5)
-        return client, time.time() - began
-
-    client, seconds = asyncio.run(scenario())
+    client, seconds = drained(app, drain_file, 0.5, after=0.2)
     assert app.cancelled and not app.finished
     assert 0.5 <= seconds < 0.5 + 2 * drain.POLL_SECONDS + 0.5
     assert client.status == 200 and client.closed
@@ -203,34 +209,14 @@ def test_a_stream_still_running_at_the_deadline_ends_with_an_error_event(drain_f
 
 def test_a_stream_that_finishes_within_the_drain_is_whole(drain_file: Path) -> None:
     app = StandIn(events=20, pace=0.02)
-    guard = ServedPathsGuard(app)
-
-    async def scenario() -> Client:
-        client = Client()
-        request = asyncio.ensure_future(guard(scope("POST", CHAT), receive, client.send))
-        await asyncio.sleep(0.1)
-        begin(drain_file, 30)
-        await asyncio.wait_for(request, 5)
-        return client
-
-    client = asyncio.run(scenario())
+    client, _ = drained(app, drain_file, 30, after=0.1)
     assert app.finished and not app.cancelled and client.closed
     assert client.body.count(EVENT) == 20 and errors(client.body) == []
 
 
 def test_an_answer_not_begun_at_the_deadline_is_a_503_to_send_again(drain_file: Path) -> None:
     app = StandIn(pace=10)  # a JSON answer vLLM is still generating
-    guard = ServedPathsGuard(app)
-
-    async def scenario() -> Client:
-        client = Client()
-        request = asyncio.ensure_future(guard(scope("POST", CHAT), receive, client.send))
-        await asyncio.sleep(0.1)
-        begin(drain_file, 0.2)
-        await asyncio.wait_for(request, 5)
-        return client
-
-    client = asyncio.run(scenario())
+    client, _ = drained(app, drain_file, 0.2, after=0.1)
     assert app.cancelled and client.status == 503 and client.closed
     assert client.headers[b"retry-after"] == b"1"
 
