@@ -484,7 +484,12 @@ def a_stream_on(rig: str) -> tuple[ChatCompletionChunk, Iterator[ChatCompletionC
         other.http_response.close()
     assert raw.headers.get("x-gemma-rig") == rig, [r.headers.get("x-gemma-rig") for r in elsewhere]
     events = iter(raw.parse())
-    return next(events), events
+    # Its first content, not only the role's event: a rig's first sampled request compiles the
+    # sampler first, and a kill before any content would leave no begun answer to check.
+    first = next(events)
+    while not (first.choices and first.choices[0].delta.content):
+        first = next(events)
+    return first, events
 
 
 # A request in the gateway's log: the rig that answered, the status, and how many times HAProxy
