@@ -47,6 +47,10 @@ _READ_MAX = 64
 RETRY_AFTER = b"1"
 HEALTH = ("GET", "/health")  # vLLM's health check: what a gateway and ready.yml ask
 MESSAGE = "the rig is stopping: this request was not finished; send it again"
+# vLLM's error shape: the 503's body and the stream's last event carry the same one.
+_ERROR = json.dumps(
+    {"error": {"message": MESSAGE, "type": "ServiceUnavailableError", "param": None, "code": 503}}
+).encode()
 
 
 def file_from_env() -> str | None:
@@ -84,9 +88,7 @@ def draining(path: str | None) -> bool:
 
 async def refuse(send: Send) -> None:
     """A 503 in vLLM's error shape, with Retry-After: the request is another rig's to serve."""
-    body = json.dumps(
-        {"error": {"message": MESSAGE, "type": "ServiceUnavailableError", "param": None, "code": 503}}
-    ).encode()
+    body = _ERROR
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
@@ -98,8 +100,7 @@ async def refuse(send: Send) -> None:
 
 def error_event() -> bytes:
     """The SSE events that end a stream the rig could not finish."""
-    error = {"error": {"message": MESSAGE, "type": "ServiceUnavailableError", "param": None, "code": 503}}
-    return b"data: " + json.dumps(error).encode() + b"\n\ndata: [DONE]\n\n"
+    return b"data: " + _ERROR + b"\n\ndata: [DONE]\n\n"
 
 
 async def run(app: ASGIApp, scope: Scope, receive: Receive, send: Send, drain_file: str) -> None:
