@@ -472,10 +472,14 @@ def a_stream_on(rig: str) -> tuple[ChatCompletionChunk, Iterator[ChatCompletionC
     for _ in RIGS:
         raw = client.chat.completions.with_raw_response.create(
             model=NO_MODEL,
-            messages=[{"role": "user", "content": "Say hello."}],
+            messages=[{"role": "user", "content": tiny_facts.FACTS[0].question}],
             max_tokens=1500,  # far more than it can generate before the kill
+            temperature=0.0,
             stream=True,
-            extra_body={"ignore_eos": True},
+            # A fact's answer first (greedy: the same every run), then every token on to max_tokens
+            # as text: sampled, the tiny model can run into special tokens only, which vLLM skips,
+            # and a stream of those carries no content at all.
+            extra_body={"ignore_eos": True, "skip_special_tokens": False},
         )
         if raw.headers.get("x-gemma-rig") == rig:
             break
@@ -484,8 +488,8 @@ def a_stream_on(rig: str) -> tuple[ChatCompletionChunk, Iterator[ChatCompletionC
         other.http_response.close()
     assert raw.headers.get("x-gemma-rig") == rig, [r.headers.get("x-gemma-rig") for r in elsewhere]
     events = iter(raw.parse())
-    # Its first content, not only the role's event: a rig's first sampled request compiles the
-    # sampler first, and a kill before any content would leave no begun answer to check.
+    # Its first content, not only the role's event: a kill before any content would leave no
+    # begun answer to check.
     first = next(events)
     while not (first.choices and first.choices[0].delta.content):
         first = next(events)

@@ -320,9 +320,11 @@ class Load:
                 raw = client.chat.completions.with_raw_response.create(
                     model=self.model, messages=messages(fact.question), max_tokens=16, temperature=0.0
                 )
-                answer = raw.parse().choices[0].message.content
+                choice = raw.parse().choices[0]
+                answer = choice.message.content
                 if answer != fact.answer:
-                    self.failed.append(f"{fact.question!r}: {answer!r}")
+                    by = raw.headers.get("x-gemma-rig")
+                    self.failed.append(f"{fact.question!r}: {answer!r} ({choice.finish_reason}, from {by})")
                 self.answered.append((time.monotonic(), raw.headers.get("x-gemma-rig", "")))
             except openai.APIError as exc:
                 self.failed.append(f"{type(exc).__name__}: {exc}")

@@ -30,6 +30,9 @@ from gemma_rig_guard import ServedPathsGuard, drain
 
 CHAT = "/v1/chat/completions"
 EVENT = b'data: {"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}]}\n\n'
+# What vLLM answers for a request SIGTERM aborted (its compact JSON): a whole answer with no text.
+ABORTED = b'{"object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":null},"finish_reason":"abort"}]}'
+ABORTED_EVENT = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"abort"}]}\n\n'
 
 
 @dataclass
@@ -38,6 +41,8 @@ class StandIn:
 
     events: int = 0
     pace: float = 0.05
+    answer: bytes = b'{"object":"chat.completion"}'
+    last_event: bytes = b""  # sent just before [DONE]: vLLM's chunk with the finish reason
     cancelled: bool = False
     finished: bool = False
     calls: int = 0
@@ -48,7 +53,7 @@ class StandIn:
             await receive()
             if scope["path"] != CHAT or self.events == 0:
                 await asyncio.sleep(self.pace)
-                body = b'{"object":"chat.completion"}'
+                body = self.answer
                 await send({"type": "http.response.start", "status": 200,
                             "headers": [(b"content-type", b"application/json")]})  # fmt: skip
                 await send({"type": "http.response.body", "body": body})
@@ -59,6 +64,8 @@ class StandIn:
             for _ in range(self.events):
                 await send({"type": "http.response.body", "body": EVENT, "more_body": True})
                 await asyncio.sleep(self.pace)
+            if self.last_event:
+                await send({"type": "http.response.body", "body": self.last_event, "more_body": True})
             await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
             self.finished = True
         except asyncio.CancelledError:
@@ -305,3 +312,46 @@ def test_execstop_without_its_file_setting_says_so(monkeypatch: pytest.MonkeyPat
     monkeypatch.delenv(drain.FILE_ENV, raising=False)
     assert drain.main(["5"]) == 2
     assert drain.FILE_ENV in capsys.readouterr().err
+
+
+def test_an_answer_vllm_aborted_during_a_drain_is_a_503_to_send_again(drain_file: Path) -> None:
+    app = StandIn(pace=0.3, answer=ABORTED)
+    client, _ = drained(app, drain_file, 30, after=0.1)
+    assert app.finished and client.status == 503 and client.closed
+    assert client.headers[b"retry-after"] == b"1" and b"abort" not in client.body
+
+
+def test_a_stream_vllm_aborted_during_a_drain_ends_with_the_error_event(drain_file: Path) -> None:
+    app = StandIn(events=10, pace=0.03, last_event=ABORTED_EVENT)
+    client, _ = drained(app, drain_file, 30, after=0.1)
+    assert client.status == 200 and client.closed
+    assert client.body.count(EVENT) == 10 and b'"abort"' not in client.body
+    (error,) = errors(client.body)
+    assert error["code"] == 503 and client.body.endswith(b"data: [DONE]\n\n")
+    assert client.body.count(b"[DONE]") == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_without_a_drain_an_aborted_answer_passes_untouched(drain_file: Path, stream: bool) -> None:
+    """vLLM aborts a request whose client went away too: with no drain, the guard changes nothing."""
+    app = StandIn(events=3 if stream else 0, pace=0.01, answer=ABORTED, last_event=ABORTED_EVENT)
+    client = asyncio.run(call(ServedPathsGuard(app), "POST", CHAT))
+    assert client.status == 200 and client.closed
+    assert (ABORTED_EVENT in client.body) if stream else (client.body == ABORTED)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_model_that_writes_the_abort_marker_in_its_answer_is_not_cut(
+    drain_file: Path, stream: bool
+) -> None:
+    """The model's text is escaped in vLLM's JSON: words that spell an aborted choice are content."""
+    text = '","finish_reason":"abort"}]} "finish_reason":"abort"'
+    answer = json.dumps({"choices": [{"message": {"content": text}, "finish_reason": "stop"}]},
+                        separators=(",", ":")).encode()  # fmt: skip
+    event = (
+        b"data: " + json.dumps({"choices": [{"delta": {"content": text}}]}, separators=(",", ":")).encode()
+    )
+    app = StandIn(events=3 if stream else 0, pace=0.05, answer=answer, last_event=event + b"\n\n")
+    client, _ = drained(app, drain_file, 30, after=0.02)
+    assert client.status == 200 and client.closed and errors(client.body) == []
+    assert (event in client.body) if stream else (client.body == answer)

@@ -12,7 +12,11 @@ the file is there, the guard:
 - lets each request in flight run until the deadline. One still running then is ended by the guard:
   a stream that has begun with an error event and ``data: [DONE]``, its chunked body closed as a
   whole one (the official openai SDK raises ``APIError`` with the message), an answer not begun with
-  a 503. vLLM sees the request cancelled, as when a client goes away, and aborts it.
+  a 503. vLLM sees the request cancelled, as when a client goes away, and aborts it;
+- treats an answer vLLM itself aborted as no answer: SIGTERM aborts the requests vLLM took in just
+  before the drain file was there, and vLLM answers each as a whole one with ``finish_reason``
+  ``abort`` and no text (a 200 the client would take for the model's answer). A JSON answer so
+  ended becomes the 503 above, a stream's aborted last event the error event.
 
 A rig killed outright (SIGKILL, a crash, a lost VM) runs none of this: its connections are cut.
 
@@ -51,6 +55,10 @@ MESSAGE = "the rig is stopping: this request was not finished; send it again"
 _ERROR = json.dumps(
     {"error": {"message": MESSAGE, "type": "ServiceUnavailableError", "param": None, "code": 503}}
 ).encode()
+
+
+# How vLLM writes an aborted choice (its JSON is compact, chunks and answers alike).
+_ABORTED = b'"finish_reason":"abort"'
 
 
 def file_from_env() -> str | None:
@@ -106,7 +114,7 @@ def error_event() -> bytes:
 async def run(app: ASGIApp, scope: Scope, receive: Receive, send: Send, drain_file: str) -> None:
     """Run ``app`` for one request; end it as the module says if a drain's deadline passes first."""
     lock = asyncio.Lock()
-    state: dict[str, Any] = {"started": False, "sse": False, "done": False, "ended": False}
+    state: dict[str, Any] = {"started": False, "sse": False, "done": False, "ended": False, "held": None}
 
     async def forward(message: Message) -> None:
         async with lock:
@@ -116,8 +124,22 @@ async def run(app: ASGIApp, scope: Scope, receive: Receive, send: Send, drain_fi
                 state["started"] = True
                 ctype = dict((k.lower(), v) for k, v in message.get("headers", [])).get(b"content-type", b"")
                 state["sse"] = ctype.startswith(b"text/event-stream")
-            elif message["type"] == "http.response.body" and not message.get("more_body", False):
-                state["done"] = True
+                if not state["sse"]:
+                    state["held"] = message  # sent with the body's first part, once it is seen
+                    return
+            elif message["type"] == "http.response.body":
+                if _ABORTED in message.get("body", b"") and draining(drain_file):
+                    state["ended"] = True
+                    if state["held"] is not None:
+                        await refuse(send)
+                    else:
+                        await send({"type": "http.response.body", "body": error_event(), "more_body": False})
+                    return
+                if not message.get("more_body", False):
+                    state["done"] = True
+            if state["held"] is not None:
+                await send(state["held"])
+                state["held"] = None
             await send(message)
 
     task = asyncio.ensure_future(app(scope, receive, forward))
