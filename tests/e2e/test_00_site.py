@@ -31,7 +31,7 @@ CHECKER_TASKS = ("vllm_service : Install the clamp check (ExecStartPre)",)
 def task_results(run: PlaybookRun) -> dict[str, set[str]]:
     """{task name: the result words its hosts got (ok, changed, skipping, failed)} from the output."""
     results: dict[str, set[str]] = {}
-    for chunk in run.output.split("TASK [")[1:]:
+    for chunk in re.split(r"(?:TASK|RUNNING HANDLER) \[", run.output)[1:]:
         name = chunk.split("]", 1)[0]
         words = {m.group(1) for m in re.finditer(r"^(ok|changed|skipping|failed|fatal): \[", chunk, re.M)}
         results.setdefault(name, set()).update(words)
@@ -67,26 +67,30 @@ def test_second_run_changes_nothing(local_rig, figure) -> None:
 
 
 def test_check_mode_reports_only_the_drift_and_touches_nothing(local_rig) -> None:
-    """A file whose content or mode drifted is the one task check mode reports; nothing is written."""
+    """A file whose content or mode drifted is a task check mode reports; a plugin whose copy on the
+    rig is not the source's (its recorded digest gone) is sent, installed, and vLLM restarted to load
+    it: check mode reports those and nothing else, and writes nothing."""
     container, profile, rigctl = local_rig.container, "/etc/profile.d/gemma-rig.sh", "/usr/local/bin/rigctl"
-    original = podman("exec", container, "cat", profile).stdout
-    assert (
-        podman(
-            "exec", container, "sh", "-c", f"echo '# drift' >> {profile} && chmod 0700 {rigctl}"
-        ).returncode
-        == 0
-    )
+    stamp = "/opt1/plugins/gemma-rig-guard.sha256"
+    original, digest = (podman("exec", container, "cat", path).stdout for path in (profile, stamp))
+    drift = f"echo '# drift' >> {profile} && chmod 0700 {rigctl} && rm {stamp}"
+    assert podman("exec", container, "sh", "-c", drift).returncode == 0
     started = unit_started_at(local_rig.container)
     try:
         run = run_playbook("site.yml", "--check")
         assert run.rc == 0, run.output[-6000:]
-        assert run.total("changed", hosts=["rig-local"]) == 2, run.output[-6000:]
-        results = task_results(run)
-        assert results["rig_host : Point TMPDIR and the caches at the data disk for shells"] == {"changed"}
-        assert results[INSTALL_TASKS[-1]] == {"changed"}
+        changed = {name for name, words in task_results(run).items() if "changed" in words}
+        assert changed == {
+            "rig_host : Point TMPDIR and the caches at the data disk for shells",
+            INSTALL_TASKS[-1],
+            "vllm : Record the digest of the copy on the rig (gemma-rig-guard)",
+            "vllm_service : Restart vLLM on the code installed in this run",
+            "vllm_service : Restart vLLM",  # the handler
+        }, run.output[-6000:]
         assert podman("exec", container, "stat", "-c", "%a", rigctl).stdout.strip() == "700"  # untouched
         assert podman("exec", container, "tail", "-n1", profile).stdout == "# drift\n"
+        assert podman("exec", container, "test", "-e", stamp).returncode == 1
         assert unit_started_at(local_rig.container) == started
     finally:
-        restore = f'printf %s "$1" > {profile} && chmod 0755 {rigctl}'
-        assert podman("exec", container, "sh", "-c", restore, "sh", original).returncode == 0
+        restore = f'printf %s "$1" > {profile} && chmod 0755 {rigctl} && printf %s "$2" > {stamp}'
+        assert podman("exec", container, "sh", "-c", restore, "sh", original, digest).returncode == 0
