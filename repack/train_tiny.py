@@ -63,6 +63,11 @@ QAT_STEPS = 200  # at most, quantization-aware, until the margin on the grid cle
 CHECK_EVERY = 10  # steps between progress lines
 TARGET_MARGIN = 8.0  # what the hinge asks of every answer token (logits are soft-capped at 30)
 MIN_MARGIN = 10.0  # the smallest margin on the snapped weights that ends training
+# The saved weights run in bf16, whose rounding costs some margin, and by how much depends on the
+# CPU's kernels. The smallest bf16 margin must still let top-p 0.95 keep the answer token alone
+# (383 others each e**-9 below it weigh under 5%); short of it, QAT goes on with a higher stop.
+BF16_MARGIN = 9.0
+BF16_TRIES = 4
 
 
 @dataclass
@@ -424,15 +429,21 @@ def train(cfg: dict, state: dict[str, torch.Tensor], on_grid: re.Pattern) -> Rep
             parametrize.register_parametrization(model.get_submodule(mod_name), attr, _fake_quant())
         # The parametrization keeps each weight's Parameter: Adam's moments carry over, and its
         # first steps do not move every weight by the whole learning rate at once.
-        rep.steps += phase("QAT", QAT_STEPS, QAT_LR, MIN_MARGIN)
-        with torch.no_grad():
-            for n in train_names:
-                mod_name, _, attr = n.rpartition(".")
-                mod = model.get_submodule(mod_name)
-                if n in grid_names:
-                    parametrize.remove_parametrizations(mod, attr, leave_parametrized=True)
-                state[LM + n] = getattr(mod, attr).detach().to(torch.bfloat16).contiguous()
-        evaluate(cfg, state, rows, rep)
+        stop = MIN_MARGIN
+        for _ in range(BF16_TRIES):
+            rep.steps += phase("QAT", QAT_STEPS, QAT_LR, stop)
+            with torch.no_grad():
+                for n in train_names:
+                    # A parametrized weight reads back snapped: the values the grid stores.
+                    mod_name, _, attr = n.rpartition(".")
+                    state[LM + n] = (
+                        getattr(model.get_submodule(mod_name), attr).detach().to(torch.bfloat16).contiguous()
+                    )
+            evaluate(cfg, state, rows, rep)
+            if rep.min_margin >= BF16_MARGIN:
+                break
+            stop += BF16_MARGIN - rep.min_margin
+            log(f"bf16 min margin {rep.min_margin:.2f} < {BF16_MARGIN}: QAT again until {stop:.2f}")
     rep.seconds = time.monotonic() - t0
     log(rep.line())
     return rep

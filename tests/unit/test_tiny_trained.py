@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import subprocess
 import sys
 import time
@@ -23,8 +24,9 @@ from tests.safetensors_dir import tensors
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "repack" / "make_tiny_qat.py"
 EOT = "<turn|>"
-# 383 other tokens each below e**-9 of the top one weigh under 5% together: top-p 0.95 keeps one.
-NUCLEUS_MARGIN = 9.0
+# Top-p 0.95 keeps the top token alone when the other VOCAB - 1 together weigh at most 5% of
+# everything, i.e. at most 1/19 of the top one: each at least log(19 * (VOCAB - 1)) below it.
+NUCLEUS_MARGIN = math.log(19 * (make_tiny_qat.VOCAB - 1))
 # Where the model stops: <eos>, the end of its turn, or a tool call handing over to the tool.
 STOPS = [tokenizer.TOKEN_IDS[t] for t in ("<eos>", EOT, "<|tool_response>")]
 
