@@ -39,7 +39,10 @@ def task_results(run: PlaybookRun) -> dict[str, set[str]]:
 
 
 def test_site_stands_up_a_rig_that_answers(local_rig, figure) -> None:
-    figure("site.yml from nothing to a healthy rig", f"{local_rig.bring_up.seconds:.0f} s")
+    figure(
+        "site.yml from nothing to a healthy rig",
+        f"{local_rig.bring_up.seconds:.0f} s; slowest tasks: {local_rig.bring_up.slowest(6)}",
+    )
     assert_serving(local_rig.container, local_rig.port, local_rig.model)
     answer = chat(local_rig.port, local_rig.model, "What is the capital of France?")
     assert answer["model"] == local_rig.model

@@ -36,7 +36,10 @@ def fleet_here(fleet, local_rig, request):
 
 
 def test_second_rig_joins_and_the_first_is_left_alone(fleet, figure) -> None:
-    figure("site.yml with a second local rig beside the first", f"{fleet.seconds:.0f} s")
+    figure(
+        "site.yml with a second local rig beside the first",
+        f"{fleet.seconds:.0f} s; slowest tasks: {fleet.slowest(6)}",
+    )
     assert fleet.recap["rig-local"]["changed"] == 0
     for container, port in RIGS.values():
         assert_serving(container, port, "tiny-emb4")
