@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 RIG_START = "default"  # rig-local serving tiny-emb4, closed (rig-b serves what test_25 left: tiny-w8a8)
 
 PROMETHEUS = "http://127.0.0.1:9090"  # monitoring_prometheus_port
+ALERTMANAGER = "http://127.0.0.1:9093"  # monitoring_alertmanager_port
 USAGE = "http://127.0.0.1:8404/usage"  # gateway_metrics_port: the per-client counters
 GATEWAY = "https://127.0.0.1:8443"
 CERT = ROOT / "build" / "gateway" / "gateway-local.crt"
@@ -199,6 +200,24 @@ def started(alert: dict) -> float:
     return datetime.fromisoformat(alert["startsAt"]).timestamp()
 
 
+def test_each_swap_silenced_its_rig_and_ended_the_silence(gateway) -> None:
+    """test_25's swaps through the gateway silenced each rig's alerts at the gateway host's
+    Alertmanager while it swapped, matched exactly by its name, and ended each silence after the
+    swap (roles/swap/tasks/silence.yml; a real Alertmanager's suppression is test_swap_silence's)."""
+    silences = httpx.get(f"{ALERTMANAGER}/api/v2/silences", timeout=10).json()
+    swaps = [s for s in silences if s["createdBy"] == "gemma-rig swap.yml"]
+    assert all(
+        s["matchers"]
+        == [{"name": "rig", "value": s["matchers"][0]["value"], "isRegex": False, "isEqual": True}]
+        for s in swaps
+    ), swaps
+    rigs = {s["matchers"][0]["value"] for s in swaps}
+    ended = {
+        s["matchers"][0]["value"] for s in swaps if s["comment"].endswith("ended, grace for the next scrape")
+    }
+    assert rigs == ended == set(RIGS), swaps
+
+
 def test_a_stopped_rig_pages_someone(gateway, alert_receiver: AlertReceiver, figure) -> None:
     """vLLM stopped on rig-b: GemmaRigDown reaches the webhook within its `for`, two scrape and
     evaluation intervals and Alertmanager's group wait; rig-b is started again and serves."""
@@ -214,8 +233,8 @@ def test_a_stopped_rig_pages_someone(gateway, alert_receiver: AlertReceiver, fig
             f"{time.monotonic() - stopped:.0f} s (bound {within} s)",
         )
         assert fired, f"no GemmaRigDown for rig-b within {within} s; received {alert_receiver.received[-3:]}"
-        # rig-local pages only if it was down itself: test_25's last swap restarts it, and a swap
-        # whose downtime outlasts the rule's `for` pages (docs/metrics.md). None began with rig-b's.
+        # rig-local pages only if it was down itself (its swaps are silenced, test_25's kills are
+        # not): none began with rig-b's stop.
         began = [
             a for a in alert_receiver.firing("GemmaRigDown", rig="rig-local") if started(a) >= stopped_at
         ]
