@@ -139,6 +139,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_ready(proc: subprocess.Popen, url: str, log: Path, deadline_s: float) -> None:
+    """Wait until ``url``/-/ready answers 200 (Prometheus's and Alertmanager's readiness); raise
+    with the end of ``log`` (named after the server) if the process exits first, or once
+    ``deadline_s`` has passed."""
+    name = log.stem
+    deadline = time.monotonic() + deadline_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited {proc.returncode}: {log.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/-/ready", timeout=5) as answer:
+                if answer.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name} not ready at {url} after {deadline_s:.0f} s")
+        time.sleep(0.1)
+
+
 @contextmanager
 def prometheus(tsdb: Path, scratch: Path, deadline_s: float = 120) -> Iterator[str]:
     """Prometheus on a free loopback port over ``tsdb``, with the project's console templates;
@@ -163,21 +183,7 @@ def prometheus(tsdb: Path, scratch: Path, deadline_s: float = 120) -> Iterator[s
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + deadline_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(
-                    f"prometheus exited {proc.returncode}: {(scratch / 'prometheus.log').read_text()[-2000:]}"
-                )
-            try:
-                with urllib.request.urlopen(f"{url}/-/ready", timeout=5) as answer:
-                    if answer.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"prometheus not ready after {deadline_s:.0f} s")
-            time.sleep(0.2)
+        wait_ready(proc, url, scratch / "prometheus.log", deadline_s)
         yield url
     finally:
         proc.terminate()

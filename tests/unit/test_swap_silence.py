@@ -27,7 +27,7 @@ import pytest
 
 from tests.ansible_run import PlaybookRun, run_playbook
 from tests.conftest import ROOT, VENV_BIN
-from tests.prometheus_backfill import free_port
+from tests.prometheus_backfill import free_port, wait_ready
 
 ALERTMANAGER = ROOT / "build" / "prometheus" / "usr" / "bin" / "prometheus-alertmanager"
 AUTHOR = "gemma-rig swap.yml"
@@ -74,17 +74,7 @@ def alertmanager(scratch: Path, deadline_s: float = 60) -> Iterator[int]:
         stderr=subprocess.STDOUT,
     )
     try:
-        deadline = time.monotonic() + deadline_s
-        while True:
-            assert proc.poll() is None, (scratch / "alertmanager.log").read_text()[-2000:]
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=5) as answer:
-                    if answer.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
-            assert time.monotonic() < deadline, f"alertmanager not ready after {deadline_s} s"
-            time.sleep(0.1)
+        wait_ready(proc, f"http://127.0.0.1:{port}", scratch / "alertmanager.log", deadline_s)
         yield port
     finally:
         proc.terminate()
