@@ -95,12 +95,18 @@ def when(stamp: str) -> float:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
-def swap_silence(tmp: Path, rig: str, port: int) -> PlaybookRun:
-    """silence.yml, then unsilence.yml, on ``rig`` (a local host), with a pause between them in
-    which the test reads Alertmanager: the play waits for a file the test writes."""
+def local_inventory(tmp: Path, rig: str) -> Path:
+    """An inventory of ``rig`` and localhost, both this machine."""
     inventory = tmp / "inventory.yml"
     local = {"ansible_connection": "local", "ansible_python_interpreter": str(VENV_BIN / "python")}
     inventory.write_text(json.dumps({"all": {"hosts": {rig: local, "localhost": local}}}))
+    return inventory
+
+
+def swap_silence(tmp: Path, rig: str, port: int) -> PlaybookRun:
+    """silence.yml, then unsilence.yml, on ``rig`` (a local host), with a pause between them in
+    which the test reads Alertmanager: the play waits for a file the test writes."""
+    inventory = local_inventory(tmp, rig)
     role = "ansible.builtin.include_role"
     play = [
         {
@@ -234,9 +240,7 @@ def test_a_silence_id_that_is_not_a_uuid_never_goes_back(tmp_path: Path) -> None
 
 
 def test_check_mode_makes_no_silence(tmp_path: Path) -> None:
-    inventory = tmp_path / "inventory.yml"
-    local = {"ansible_connection": "local", "ansible_python_interpreter": str(VENV_BIN / "python")}
-    inventory.write_text(json.dumps({"all": {"hosts": {"rig-local": local, "localhost": local}}}))
+    inventory = local_inventory(tmp_path, "rig-local")
     with alertmanager(tmp_path) as port:
         play = [
             {
