@@ -175,9 +175,23 @@ def test_the_rig_is_silenced_while_it_swaps_and_for_a_grace_after(tmp_path: Path
     assert 0 < when(grace["endsAt"]) - when(grace["startsAt"]) <= GRACE + 5
 
 
-@pytest.mark.parametrize("rig", [".*", 'rig-local", rig=~".*', "rig-local|rig-b"])
+# Where the Jinja name's lookup would leave its mark, were the name ever templated.
+JINJA_MARKER = Path("/tmp/gemma-rig-swap-silence-jinja-ran")
+
+
+@pytest.mark.parametrize(
+    "rig",
+    [
+        ".*",
+        'rig-local", rig=~".*',
+        "rig-local|rig-b",
+        "{{ lookup('pipe', 'touch " + str(JINJA_MARKER) + "') }}",
+    ],
+)
 def test_a_rig_name_that_spells_a_matcher_is_matched_literally(tmp_path: Path, rig: str) -> None:
-    """Alerts of other rigs stay unsilenced whatever the name being swapped spells."""
+    """Alerts of other rigs stay unsilenced whatever the name being swapped spells, and a name that
+    spells Jinja is silenced as written, never run."""
+    JINJA_MARKER.unlink(missing_ok=True)
     verdicts: dict[str, str] = {}
 
     def check() -> None:
@@ -197,6 +211,7 @@ def test_a_rig_name_that_spells_a_matcher_is_matched_literally(tmp_path: Path, r
         run = run_with_pause(tmp_path, rig, port, check)
     assert run.rc == 0, run.output[-3000:]
     assert verdicts == {rig: "suppressed", "rig-local": "active", "rig-b": "active"}
+    assert not JINJA_MARKER.exists()
 
 
 def test_an_alertmanager_that_does_not_answer_never_stops_the_swap(tmp_path: Path) -> None:
