@@ -43,23 +43,24 @@ def default_lock_dir() -> Path:
     return Path.home() / ".cache" / "gemma-rig" / "mcp-locks"
 
 
-def private_dir(directory: Path) -> Path:
+def private_dir(directory: Path, what: str = "lock directory") -> Path:
     """``directory``, created 0700 when missing, checked to be a real directory (not a symlink),
-    owned by this user and not writable by group or others; UnsafeLockDir (one line) otherwise."""
+    owned by this user and not writable by group or others; UnsafeLockDir (one line, naming it
+    ``what``) otherwise."""
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     with contextlib.suppress(FileExistsError):
         directory.mkdir(mode=0o700)
     st = os.lstat(directory)
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise UnsafeLockDir(f"lock directory {directory} is not a directory (a symlink?): refused; remove it")
+        raise UnsafeLockDir(f"{what} {directory} is not a directory (a symlink?): refused; remove it")
     if st.st_uid != os.geteuid():
         raise UnsafeLockDir(
-            f"lock directory {directory} is owned by uid {st.st_uid}, not {os.geteuid()}: refused; remove it"
+            f"{what} {directory} is owned by uid {st.st_uid}, not {os.geteuid()}: refused; remove it"
         )
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise UnsafeLockDir(
-            f"lock directory {directory} is writable by others (mode {stat.S_IMODE(st.st_mode):04o}): "
+            f"{what} {directory} is writable by others (mode {stat.S_IMODE(st.st_mode):04o}): "
             f"refused; chmod 700 it"
         )
     return directory

@@ -1,7 +1,8 @@
 """The gemma-rig MCP server: every rig in the inventory, driven through the project's playbooks.
 
     python -m rig_mcp [-i inventory/local.yml ...] [--read-only] [--lock-dir D]
-                      [--http [--host H] [--port P] [--token-file F] [--require-token]
+                      [--http [--host H] [--port P] [--token-file F]
+                              [--tls-cert F --tls-key F | --tls self-signed]
                               [--allowed-host H:P ...] [--allowed-origin URL ...]]
 
 Runs on the controller. Each tool runs one playbook with ansible-runner (never a shell of its
@@ -11,21 +12,18 @@ tool error naming the failing task and its message. Mutating tools hold a per-ri
 
 Every argument is untrusted data: it reaches a playbook as an !unsafe extra variable
 (rig_mcp.playbooks), never as a template, a shell word or an unchecked path. Over HTTP a bearer
-token (--token-file or RIG_MCP_TOKEN) is required off loopback, and Host/Origin are checked.
+token (--token-file or RIG_MCP_TOKEN) is always required, off loopback the server speaks TLS only,
+and Host/Origin are checked (rig_mcp.http_guard).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import hmac
-import ipaddress
 import json
 import logging
 import os
 import re
-import stat
-import sys
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -36,15 +34,25 @@ from typing import Annotated, Any
 import anyio
 import anyio.from_thread
 import anyio.to_thread
-from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field, ValidationError
 
 from rig_mcp import capacity
+from rig_mcp.http_guard import (
+    TOKEN_ENV,
+    StartRefused,
+    StaticToken,
+    http_security,
+    http_tls,
+    http_token,
+    is_loopback,
+    read_token_file,
+    say,
+    serve,
+)
 from rig_mcp.locks import Busy, RigLocks, UnsafeLockDir, default_lock_dir, private_dir
 from rig_mcp.playbooks import ROOT, PlaybookFailed, PlaybookRunner, PlayRun
 from rig_mcp.redact import DEFAULT_PATTERNS, Redactor
@@ -53,7 +61,6 @@ log = logging.getLogger(__name__)
 
 SERVER_NAME = "gemma-rig"
 DEFAULT_INVENTORY = "inventory/local.yml"
-TOKEN_ENV = "RIG_MCP_TOKEN"
 MAX_LOG_LINES = 10000
 RIGCTL_SCHEMA = 1  # the rigctl JSON this server reads (docs/mcp.md)
 # bench(quick=True): one cell and no decode check, about a minute on the local rig.
@@ -544,65 +551,6 @@ def guarded(srv: RigServer, name: str, fn: Callable[..., Awaitable[Any]]) -> Cal
     return tool
 
 
-class StaticToken:
-    """A TokenVerifier for one shared bearer token (compared in constant time)."""
-
-    def __init__(self, token: str) -> None:
-        self._token = token.encode()
-
-    async def verify_token(self, token: str) -> AccessToken | None:
-        if hmac.compare_digest(token.encode(), self._token):
-            return AccessToken(token="rig-mcp", client_id="rig-mcp", scopes=[])
-        return None
-
-
-class StartRefused(Exception):
-    """The server will not start as asked: one line saying why and what to do."""
-
-
-def read_token_file(path: Path) -> str:
-    """The token in ``path``: a regular file (not a symlink) of ours, readable by us alone."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        raise StartRefused(f"--token-file {path}: {exc.strerror} (a symlink is refused)") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise StartRefused(f"--token-file {path} is not a regular file")
-        if st.st_uid != os.geteuid():
-            raise StartRefused(f"--token-file {path} is owned by uid {st.st_uid}, not {os.geteuid()}")
-        if st.st_mode & 0o077:
-            raise StartRefused(
-                f"--token-file {path} is readable by others (mode {stat.S_IMODE(st.st_mode):04o}): chmod 600 it"
-            )
-        token = f.read(4096).decode("utf-8", "replace").strip()
-    if len(token) < 16:
-        raise StartRefused(f"--token-file {path} holds no token of 16 characters or more")
-    return token
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def http_security(host: str, extra_hosts: list[str], extra_origins: list[str]) -> TransportSecuritySettings:
-    """Host and Origin checks (DNS rebinding): the bind address and the localhost forms, any port,
-    plus what --allowed-host / --allowed-origin add."""
-    names = [f"[{host}]" if ":" in host else host, "127.0.0.1", "localhost", "[::1]"]
-    names = list(dict.fromkeys(names))
-    return TransportSecuritySettings(
-        enable_dns_rebinding_protection=True,
-        allowed_hosts=[f"{n}:*" for n in names] + list(extra_hosts),
-        allowed_origins=[f"http://{n}:*" for n in names] + list(extra_origins),
-    )
-
-
 def build(config: Config, runner: PlaybookRunner | None = None, token: str | None = None) -> MCPServer:
     """The MCP server with its tools (only the read-only ones under ``config.read_only``); with
     ``token``, its HTTP transport refuses any request without that bearer token."""
@@ -753,11 +701,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--token-file",
         type=Path,
-        help=f"HTTP bearer token, in a 0600 file of this user's (or env {TOKEN_ENV}); "
-        "required when --host is not loopback",
+        help=f"HTTP bearer token, in a 0600 file of this user's (or env {TOKEN_ENV}); always required; "
+        "a FILE that does not exist is made 0600 with a random token",
     )
+    # The token is always required now. The flag stays accepted (and does nothing) so a unit file
+    # or script written for the old opt-in keeps starting, with the behaviour it asked for.
+    p.add_argument("--require-token", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--tls-cert", type=Path, help="serve HTTPS with this certificate (PEM; with --tls-key)")
+    p.add_argument("--tls-key", type=Path, help="the certificate's private key (PEM, mode 0600)")
     p.add_argument(
-        "--require-token", action="store_true", help="refuse to serve HTTP without a token on loopback too"
+        "--tls",
+        choices=["self-signed"],
+        help="serve HTTPS with a certificate the server makes and keeps in ~/.cache/gemma-rig/mcp-tls "
+        "(EC P-256; named for the bind address, localhost and --allowed-host); without it or "
+        "--tls-cert, a --host off loopback is refused",
     )
     p.add_argument(
         "--allowed-host",
@@ -774,22 +731,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def http_token(args: argparse.Namespace) -> str | None:
-    """The bearer token HTTP clients must send, or None; StartRefused when one is needed."""
-    token = read_token_file(args.token_file) if args.token_file else None
-    if token is None and os.environ.get(TOKEN_ENV):
-        token = os.environ[TOKEN_ENV].strip()
-        if len(token) < 16:
-            raise StartRefused(f"{TOKEN_ENV} holds no token of 16 characters or more")
-    if token is None and not is_loopback(args.host):
-        raise StartRefused(
-            f"--host {args.host} is not loopback: give a bearer token with --token-file FILE or {TOKEN_ENV}"
-        )
-    if token is None and args.require_token:
-        raise StartRefused(f"--require-token: give a bearer token with --token-file FILE or {TOKEN_ENV}")
-    return token
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     config = Config(
@@ -798,24 +739,41 @@ def main(argv: list[str] | None = None) -> int:
         args.lock_dir or default_lock_dir(),
         args.runs_dir,
     )
+    token, made, tls = None, "", None
     try:
-        token = http_token(args) if args.http else None
+        if args.http:
+            # TLS first: a start refused for want of TLS leaves no token file made behind it unsaid.
+            tls = http_tls(args.host, args.port, args.tls_cert, args.tls_key, args.tls, args.allowed_host)
+            token, made = http_token(args.token_file, os.environ)
         if not config.read_only:
             private_dir(config.lock_dir)  # refused at start, not on the first mutating call
     except (StartRefused, UnsafeLockDir) as exc:
-        print(f"rig_mcp: {exc}", file=sys.stderr)
+        say(str(exc))
         return 2
     server = build(config, token=token)
-    if args.http:
-        server.run(
-            "streamable-http",
-            host=args.host,
-            port=args.port,
-            transport_security=http_security(args.host, args.allowed_host, args.allowed_origin),
-        )
-    else:
+    if not args.http:
         server.run("stdio")
+        return 0
+    if made:
+        say(made)
+    if tls is not None:
+        say(tls.line())
+    where = f"[{args.host}]" if ":" in args.host else args.host
+    say(f"serving {'https' if tls else 'http'}://{where}:{args.port}/mcp (bearer token required)")
+    security = http_security(args.host, args.allowed_host, args.allowed_origin, tls=tls is not None)
+    anyio.run(serve, server, args.host, args.port, security, tls)
     return 0
 
 
-__all__ = ["ROOT", "Config", "RigServer", "build", "main"]
+__all__ = [
+    "ROOT",
+    "TOKEN_ENV",
+    "Config",
+    "RigServer",
+    "StartRefused",
+    "build",
+    "http_security",
+    "is_loopback",
+    "main",
+    "read_token_file",
+]

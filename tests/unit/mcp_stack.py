@@ -72,9 +72,12 @@ def isolated_env(tmp_path: Path) -> dict[str, str]:
 
 
 def stdio(args: list[str], env: dict[str, str], cwd: Path = ROOT) -> StdioServerParameters:
-    """``python -m rig_mcp ARGS`` with exactly ``env``: the SDK adds its own default variables to
-    a server's environment, so the command goes through ``env -i``."""
-    pairs = [f"{k}={v}" for k, v in env.items()]
+    """``python -m rig_mcp ARGS`` with exactly ``env``, and PYTHONPATH led by this checkout: the
+    SDK adds its own default variables to a server's environment, so the command goes through
+    ``env -i``. From a ``cwd`` outside the checkout, ``rig_mcp`` would otherwise come from the
+    virtualenv's editable install, which in a second worktree sharing it is the other tree."""
+    path = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    pairs = [f"{k}={v}" for k, v in {**env, "PYTHONPATH": path}.items()]
     return StdioServerParameters(
         command="/usr/bin/env", args=["-i", *pairs, str(VENV_PYTHON), "-m", "rig_mcp", *args], cwd=str(cwd)
     )

@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import pytest
 import yaml
 from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 
 from rig_mcp import capacity, docs
 from rig_mcp.locks import Busy, RigLocks
@@ -291,14 +293,16 @@ def test_the_server_runs_over_stdio_and_answers_list_rigs(repo_root: Path) -> No
 
 
 def test_the_server_serves_streamable_http_behind_a_flag(repo_root: Path) -> None:
-    """--http: the SDK's client reaches the tools at http://HOST:PORT/mcp."""
+    """--http: the SDK's client reaches the tools at http://HOST:PORT/mcp, with the bearer token
+    HTTP always asks for (test_mcp_http_auth.py tries it without)."""
+    token = "a-token-for-the-http-transport-test"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = subprocess.Popen(
         [sys.executable, "-m", "rig_mcp", "--read-only", "--http", "--port", str(port)],
         cwd=repo_root,
-        env={**os.environ, "PYTHONPATH": str(repo_root)},
+        env={**os.environ, "PYTHONPATH": str(repo_root), "RIG_MCP_TOKEN": token},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -311,7 +315,10 @@ def test_the_server_serves_streamable_http_behind_a_flag(repo_root: Path) -> Non
             time.sleep(0.1)
 
         async def go():
-            async with Client(f"http://127.0.0.1:{port}/mcp") as client:
+            async with (
+                httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as http,
+                Client(streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=http)) as client,
+            ):
                 return {t.name for t in (await client.list_tools()).tools}
 
         assert anyio.run(go) == set(TOOLS) - set(MUTATING)
