@@ -90,6 +90,9 @@ install_venv() {
   # ... and its fork start for the engine process (roles/vllm/files/vllm_cpu_fork_engine), which the
   # tests' vLLM servers ask for as the rig does (GEMMA_RIG_ENGINE_START=fork).
   "$VENV/bin/pip" install -q --no-deps -e "$ROOT/roles/vllm/files/vllm_cpu_fork_engine"
+  # ... and its W4A16 matmul where the CPU build's kernels have none (roles/vllm/files/vllm_cpu_wna16:
+  # AVX2-only processors), which the tests' vLLM servers need to serve the int4 builds there.
+  "$VENV/bin/pip" install -q --no-deps -e "$ROOT/roles/vllm/files/vllm_cpu_wna16"
   sha <"$ROOT/requirements.lock" >"$VENV/.lock-sha256"
 }
 
