@@ -8,10 +8,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import socket
 import subprocess
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -122,6 +125,14 @@ def test_a_bad_state_file_starts_the_count_again(stored) -> None:
     assert rigctl.idle_decide(stored, seen(), 60.0, 1)["idle_since"] == 60.0
 
 
+@pytest.mark.parametrize("since", [True, "x", 9e99, float("nan"), None])
+def test_a_bad_not_serving_time_starts_that_count_again(since) -> None:
+    down = {**seen(blocks=("svc is failed",), counters=()), "not_serving": "svc is failed", "boot": "b"}
+    before = {"boot": "b", "not_serving_since": since}
+    state = rigctl.idle_decide(before, down, 60.0, 1, 30)
+    assert (state["not_serving_since"], state["stop"]) == (60.0, False)
+
+
 def test_bench_is_seen_in_its_working_folder_only(tmp_path: Path) -> None:
     proc = tmp_path / "proc"
     (proc / "12").mkdir(parents=True)
@@ -169,6 +180,8 @@ class Calls(list):
     metrics: Metrics
     props: dict[str, str]
     dir: Path
+    clock: list[float]  # rigctl's time.time(): each check's `now`, set by the test
+    boot: str  # what rigctl.this_boot() says
 
 
 @pytest.fixture
@@ -178,9 +191,14 @@ def idle_rig(tmp_path: Path, monkeypatch):
                                              "helper_dir": str(tmp_path), "python": "/p",
                                              "swap_state_dir": str(tmp_path)})  # fmt: skip
     monkeypatch.setattr(rigctl, "bench_running", lambda proc="/proc": False)
+    calls = Calls()
+    calls.clock, calls.boot = [time.time()], "boot-1/100"
+    # rigctl's own clock and boot only: the test sets each check's time, no sleeps.
+    monkeypatch.setattr(rigctl, "time", SimpleNamespace(time=lambda: calls.clock[0], monotonic=time.monotonic,
+                                                        sleep=time.sleep))  # fmt: skip
+    monkeypatch.setattr(rigctl, "this_boot", lambda proc="/proc": calls.boot)
     metrics = Metrics(vllm_page(success=3, tokens=40))
     (tmp_path / "tpu.env").write_text(f"RIG_PORT={metrics.port}\nVLLM_API_KEY=k\n")
-    calls = Calls()
     props = {"LoadState": "loaded", "ActiveState": "active", "SubState": "running", "InvocationID": "i1"}
 
     def run(cmd, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -287,7 +305,8 @@ def test_the_role_installs_the_timer_only_when_set_and_removes_it(tmp_path: Path
     first = idle_play(tmp_path, "local", 5)
     assert first.rc == 0 and first.total("changed") == 1, first.output[-3000:]
     service = units[0].read_text()
-    assert "ExecStart=/usr/local/bin/rigctl idle --stop-after 5\n" in service
+    # The start allowance is the vLLM unit's own start deadline (vllm_service_start_timeout).
+    assert "ExecStart=/usr/local/bin/rigctl idle --stop-after 5 --start-allowance 900\n" in service
     # The poweroff stops this unit while rigctl may still run in it: no default 90 s wait there.
     assert "TimeoutStopSec=10\nKillMode=process\n" in service
     assert "OnUnitActiveSec=30\n" in units[1].read_text()
@@ -308,8 +327,280 @@ def test_tpu_refuses_an_idle_stop_naming_why(tmp_path: Path) -> None:
     assert not (tmp_path / "vllm-idle.service").exists()
 
 
+@pytest.mark.slow
+def test_an_idle_stop_without_a_start_deadline_is_refused(tmp_path: Path) -> None:
+    """systemd reads TimeoutStartSec=0 as no deadline; as a start allowance it would count a start
+    from its first second."""
+    run = idle_play(tmp_path, "local", 5, "-e", "vllm_service_start_timeout=0")
+    assert run.rc != 0 and "vllm_service_start_timeout is 0" in run.output, run.output[-3000:]
+    assert not (tmp_path / "vllm-idle.service").exists()
+
+
 def test_an_unwritable_state_folder_is_a_one_line_error(idle_rig, capsys) -> None:
     rigctl.SETTINGS["swap_state_dir"] = str(idle_rig.dir / "missing")
     code, doc = idle_json(capsys, "--stop-after", "1")
     assert code == rigctl.EXIT_NO_CONFIG and doc["error"].startswith("cannot write ")
     assert ["systemctl", "poweroff"] not in idle_rig
+
+
+# Not serving (docs/idle.md): a vLLM that cannot serve counts toward the idle stop after the start
+# allowance, so a rig a wake started that never serves stops too. ALLOWANCE + MINUTES is the limit.
+ALLOWANCE, MINUTES = 300, 2
+LIMIT = ALLOWANCE + MINUTES * 60
+T0 = 1_000_000.0
+
+
+def check(rig: Calls, capsys, at: float, *argv: str) -> dict:
+    """One timer check at time ``at`` (the timer's options unless ``argv`` is given)."""
+    rig.clock[0] = at
+    code, doc = idle_json(
+        capsys, *(argv or ("--stop-after", str(MINUTES), "--start-allowance", str(ALLOWANCE)))
+    )
+    assert code == 0, doc
+    return doc
+
+
+def refusing_port() -> socket.socket:
+    """A port bound and never listened on: Linux refuses connections to it, and no one else gets it."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+@pytest.fixture(params=["failed", "activating", "refused", "http error"])
+def cannot_serve(request, idle_rig: Calls):
+    """The rig in one way of not serving: its unit failed or stuck starting, or active with a /metrics
+    that refuses connections or answers an HTTP error (a key the page refuses). Returns the words."""
+    closed = refusing_port()
+    if request.param in ("failed", "activating"):
+        idle_rig.props["ActiveState"] = request.param
+        words = f"svc is {request.param}"
+    elif request.param == "refused":
+        (idle_rig.dir / "tpu.env").write_text(f"RIG_PORT={closed.getsockname()[1]}\nVLLM_API_KEY=k\n")
+        words = "/metrics unreadable: [Errno 111] Connection refused"
+    else:
+        (idle_rig.dir / "tpu.env").write_text(f"RIG_PORT={idle_rig.metrics.port}\nVLLM_API_KEY=other\n")
+        words = "/metrics unreadable: Unauthorized"
+    yield words
+    closed.close()
+
+
+def serve_again(rig: Calls) -> None:
+    rig.props["ActiveState"] = "active"
+    (rig.dir / "tpu.env").write_text(f"RIG_PORT={rig.metrics.port}\nVLLM_API_KEY=k\n")
+
+
+def test_a_rig_that_cannot_serve_stops_after_its_start_allowance_and_the_idle_minutes(
+    idle_rig, capsys, cannot_serve: str
+) -> None:
+    first = check(idle_rig, capsys, T0)
+    assert first["not_serving_minutes"] == 0 and first["start_allowance_seconds"] == ALLOWANCE
+    assert first["blocked_by"] == [cannot_serve] and first["minutes_idle"] == 0
+    # Checks every 30 s up to a second before the limit: counted, never a stop.
+    for at in [T0 + s for s in range(30, LIMIT, 30)] + [T0 + LIMIT - 1]:
+        doc = check(idle_rig, capsys, at)
+        assert doc["stopping"] is False and doc["not_serving_minutes"] == round((at - T0) / 60, 2), doc
+    assert (
+        doc["line"]
+        == f"not serving: {cannot_serve} since 7.0 min (stops after 7 min: 5 min to start + 2 idle)"
+    )
+    assert ["systemctl", "poweroff"] not in idle_rig
+    done = check(idle_rig, capsys, T0 + LIMIT)
+    assert done["stopping"] is True and done["not_serving_minutes"] == 7
+    assert (
+        done["line"] == f"stopping the rig: not serving: {cannot_serve} since 7.0 min (stops after 7 min: "
+        "5 min to start + 2 idle)"
+    )
+    assert idle_rig[-2:] == [
+        ["logger", "-t", "gemma-rig-idle", "--", done["line"]],
+        ["systemctl", "poweroff"],
+    ]
+
+
+def test_a_crash_loop_keeps_counting_across_its_restarts(idle_rig, capsys) -> None:
+    idle_rig.props["ActiveState"] = "activating"
+    check(idle_rig, capsys, T0)
+    for n, at in enumerate(range(60, LIMIT, 60)):  # each restart is a new invocation
+        idle_rig.props["InvocationID"] = f"i{n + 2}"
+        idle_rig.props["ActiveState"] = ("failed", "activating")[n % 2]
+        assert check(idle_rig, capsys, T0 + at)["stopping"] is False
+    assert check(idle_rig, capsys, T0 + LIMIT)["stopping"] is True
+
+
+def test_a_normal_start_inside_the_allowance_never_stops_the_rig(idle_rig, capsys) -> None:
+    """The local CPU vLLM's start (30-60 s) under test_98's 1-minute threshold and the default 900 s
+    allowance: activating, then active while it loads (/metrics refused), then serving."""
+    closed = refusing_port()
+    timer = ("--stop-after", "1", "--start-allowance", "900")
+    idle_rig.props["ActiveState"] = "activating"
+    assert check(idle_rig, capsys, T0, *timer)["not_serving_minutes"] == 0
+    idle_rig.props["ActiveState"] = "active"
+    (idle_rig.dir / "tpu.env").write_text(f"RIG_PORT={closed.getsockname()[1]}\nVLLM_API_KEY=k\n")
+    loading = check(idle_rig, capsys, T0 + 30, *timer)
+    assert loading["not_serving_minutes"] == 0.5 and loading["line"].startswith(
+        "not serving: /metrics unreadable"
+    )
+    serve_again(idle_rig)
+    closed.close()
+    up = check(idle_rig, capsys, T0 + 60, *timer)
+    assert (up["not_serving_minutes"], up["line"], up["stopping"]) == (None, "idle 0 min of 1", False)
+    # From here only the served-nothing count runs, from the first check that found vLLM serving.
+    assert check(idle_rig, capsys, T0 + 119, *timer)["stopping"] is False
+    assert check(idle_rig, capsys, T0 + 120, *timer)["line"] == "stopping the rig: idle 1 min of 1"
+
+
+def test_serving_again_starts_the_not_serving_count_again(idle_rig, capsys, cannot_serve: str) -> None:
+    check(idle_rig, capsys, T0)
+    assert check(idle_rig, capsys, T0 + LIMIT - 1)["stopping"] is False
+    serve_again(idle_rig)
+    assert check(idle_rig, capsys, T0 + LIMIT)["not_serving_minutes"] is None
+    idle_rig.props["ActiveState"] = "failed"
+    again = check(idle_rig, capsys, T0 + LIMIT + 30)
+    assert again["not_serving_minutes"] == 0 and again["stopping"] is False
+    assert check(idle_rig, capsys, T0 + 2 * LIMIT + 29)["stopping"] is False
+    assert check(idle_rig, capsys, T0 + 2 * LIMIT + 30)["stopping"] is True
+
+
+@pytest.mark.parametrize("holder", ["swap", "bench", "garbage page"])
+def test_a_swap_a_bench_or_a_bad_page_holds_the_not_serving_count(
+    idle_rig, capsys, monkeypatch, holder: str
+) -> None:
+    """A swap restarts vLLM and a bench may find it down: neither counts as a vLLM that cannot
+    serve, and the count starts again after them. A page that answers is not a vLLM that is down."""
+    if holder == "garbage page":
+        idle_rig.metrics.page = "\x00 garbage {{{\n"
+    else:
+        idle_rig.props["ActiveState"] = "failed"
+    if holder == "swap":
+        (idle_rig.dir / "swap.json").write_text(json.dumps({"from": "a", "to": "b", "phase": "switching"}))
+    if holder == "bench":
+        monkeypatch.setattr(rigctl, "bench_running", lambda proc="/proc": True)
+    for at in range(0, 3 * LIMIT, 30):
+        doc = check(idle_rig, capsys, T0 + at)
+        assert doc["stopping"] is False and doc["not_serving_minutes"] is None, doc
+        assert doc["line"].startswith("not idle: ")
+    assert ["systemctl", "poweroff"] not in idle_rig
+    if holder == "garbage page":
+        assert doc["blocked_by"][0].startswith("/metrics lacks")
+        return
+    # Once the swap or bench is over, a vLLM still down counts from then.
+    (idle_rig.dir / "swap.json").write_text(json.dumps({"from": "a", "to": "b", "phase": "committed"}))
+    monkeypatch.setattr(rigctl, "bench_running", lambda proc="/proc": False)
+    after = T0 + 3 * LIMIT
+    assert check(idle_rig, capsys, after)["not_serving_minutes"] == 0
+    assert check(idle_rig, capsys, after + LIMIT - 1)["stopping"] is False
+    assert check(idle_rig, capsys, after + LIMIT)["stopping"] is True
+
+
+def test_a_count_from_another_boot_or_timer_run_starts_again(idle_rig, capsys) -> None:
+    """A rig woken after an idle poweroff finds the state of its last boot, a repaired one the state
+    from before its timer was stopped: the allowance is whole."""
+    idle_rig.props["ActiveState"] = "activating"
+    check(idle_rig, capsys, T0)
+    assert check(idle_rig, capsys, T0 + LIMIT - 1)["stopping"] is False
+    idle_rig.boot = "boot-1/5000"  # the container started again on the same kernel: a new PID 1
+    woken = check(idle_rig, capsys, T0 + LIMIT + 600)
+    assert woken["not_serving_minutes"] == 0 and woken["stopping"] is False
+    assert check(idle_rig, capsys, T0 + 2 * LIMIT + 599)["stopping"] is False
+    assert check(idle_rig, capsys, T0 + 2 * LIMIT + 600)["stopping"] is True
+    # The idle timer stopped (a person repairing the rig) and started again: the count from before
+    # the pause would stop a rig whose vLLM is only now starting.
+    idle_rig.props["ActiveEnterTimestampMonotonic"] = "123456"  # what `systemctl show` says of the timer
+    resumed = check(idle_rig, capsys, T0 + 5 * LIMIT)
+    assert resumed["not_serving_minutes"] == 0 and resumed["stopping"] is False
+    assert check(idle_rig, capsys, T0 + 6 * LIMIT)["stopping"] is True
+    # A boot that cannot be read carries nothing over.
+    idle_rig.boot = ""
+    assert check(idle_rig, capsys, T0 + 9 * LIMIT)["not_serving_minutes"] == 0
+    assert check(idle_rig, capsys, T0 + 19 * LIMIT)["not_serving_minutes"] == 0
+
+
+def test_this_boot_is_the_kernels_boot_and_pid_1s_start(tmp_path: Path) -> None:
+    def proc(boot: str, stat: str) -> str:
+        folder = tmp_path / f"proc-{len(list(tmp_path.iterdir()))}"
+        (folder / "sys/kernel/random").mkdir(parents=True)
+        (folder / "sys/kernel/random/boot_id").write_text(boot + "\n")
+        (folder / "1").mkdir()
+        (folder / "1/stat").write_text(stat)
+        return str(folder)
+
+    rest = "S 0 0 0 0 -1 4194560 1 2 0 0 3 4 5 6 20 0 1 0 {start} 1 2 3\n"
+    host = rigctl.this_boot(proc("b1", "1 (systemd) " + rest.format(start=31)))
+    assert host == "b1/31"
+    # The container again: the same kernel, its PID 1 later; a name with spaces and parentheses.
+    assert rigctl.this_boot(proc("b1", "1 (sys) (temd) " + rest.format(start=9000))) == "b1/9000"
+    assert rigctl.this_boot(proc("b1", "1 (systemd) S 0\n")) == ""
+    assert rigctl.this_boot(str(tmp_path / "none")) == ""
+    # This machine's own: read, and the same twice.
+    assert rigctl.this_boot() and rigctl.this_boot() == rigctl.this_boot()
+
+
+def test_a_manual_check_reports_with_the_timers_allowance(idle_rig, capsys) -> None:
+    idle_rig.props["ActiveState"] = "failed"
+    check(idle_rig, capsys, T0)
+    manual = check(idle_rig, capsys, T0 + 10 * LIMIT, "--start-allowance", "60")
+    assert manual["stopping"] is False and manual["start_allowance_seconds"] == 60
+    kept = check(idle_rig, capsys, T0 + 10 * LIMIT + 30, "--stop-after", "2")
+    assert kept["start_allowance_seconds"] == 60 and kept["stopping"] is True
+
+
+@pytest.mark.parametrize("allowance", ["0", "-5", "15m", ""])
+def test_a_bad_start_allowance_is_a_usage_error(idle_rig, capsys, allowance: str) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        rigctl.main(["idle", "--stop-after", "1", "--start-allowance", allowance])
+    assert exit_.value.code == rigctl.EXIT_USAGE and "--start-allowance" in capsys.readouterr().err
+
+
+def test_status_carries_the_not_serving_count(idle_rig, capsys) -> None:
+    idle_rig.props["ActiveState"] = "failed"
+    check(idle_rig, capsys, T0)
+    line = check(idle_rig, capsys, T0 + 90)["line"]
+    rigctl.main(["status", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["idle"]["not_serving_minutes"] == 1.5 and doc["idle"]["start_allowance_seconds"] == ALLOWANCE
+    assert f"idle stop: {line}" in doc["lines"] and line.startswith(
+        "not serving: svc is failed since 1.5 min"
+    )
+
+
+def test_a_state_that_cannot_be_written_still_stops_a_rig_that_never_serves(idle_rig, capsys) -> None:
+    """A full disk fails the write; the count already written holds, and the stop goes ahead."""
+    idle_rig.props["ActiveState"] = "failed"
+    check(idle_rig, capsys, T0)
+    (idle_rig.dir / "idle.json.new").mkdir()  # the write fails as on a full disk
+    idle_rig.clock[0] = T0 + LIMIT - 1
+    code, doc = idle_json(capsys, "--stop-after", str(MINUTES), "--start-allowance", str(ALLOWANCE))
+    assert code == rigctl.EXIT_NO_CONFIG and doc["error"].startswith("cannot write ")
+    assert ["systemctl", "poweroff"] not in idle_rig
+    idle_rig.clock[0] = T0 + LIMIT
+    code, doc = idle_json(capsys, "--stop-after", str(MINUTES), "--start-allowance", str(ALLOWANCE))
+    assert code == rigctl.EXIT_NO_CONFIG and idle_rig[-1] == ["systemctl", "poweroff"]
+
+
+def test_a_page_cut_short_is_not_serving_and_never_a_crash(idle_rig, capsys) -> None:
+    """http.client's own errors (a chunked body cut short, a status line that is not HTTP)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+
+    def answer() -> None:
+        for reply in (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n99\r\nvllm:",
+            b"\x1b[31mnot http\r\n\r\n",
+        ):
+            conn, _ = server.accept()
+            conn.recv(65536)
+            conn.sendall(reply)
+            conn.close()
+
+    worker = threading.Thread(target=answer, daemon=True)
+    worker.start()
+    (idle_rig.dir / "tpu.env").write_text(f"RIG_PORT={server.getsockname()[1]}\nVLLM_API_KEY=k\n")
+    for at in (T0, T0 + 30):
+        doc = check(idle_rig, capsys, at)
+        assert doc["not_serving_minutes"] is not None and doc["blocked_by"][0].startswith(
+            "/metrics unreadable: "
+        )
+        assert "\x1b" not in doc["line"] and "\n" not in doc["line"]
+    worker.join(timeout=10)
+    server.close()

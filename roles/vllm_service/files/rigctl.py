@@ -21,6 +21,7 @@ Exit codes (every subcommand):
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import re
@@ -137,8 +138,12 @@ class Endpoint:
                 self._request(path), timeout=timeout, context=self.context
             ) as response:
                 return response.read(limit).decode("utf-8", "replace")
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise RigctlError(f"{path} unreadable: {getattr(exc, 'reason', exc)}") from None
+        # http.client's own errors (a status line that is not HTTP, a body cut short) are not
+        # OSErrors: without them here, whatever else holds the port would crash the idle timer.
+        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+            # One line of printable text: what answered on the port is outside data.
+            why = re.sub(r"[\x00-\x1f\x7f-\x9f]+", " ", str(getattr(exc, "reason", exc))).strip()[:200]
+            raise RigctlError(f"{path} unreadable: {why}") from None
 
     def http(self, path: str, body: dict | None = None, timeout: float = 5) -> tuple[int, object]:
         """(status, decoded JSON or None); status -1 when nothing answers."""
@@ -425,6 +430,9 @@ METRICS_MAX_BYTES = 8 << 20
 SWAP_BUSY = ("staging", "switching", "trial")
 IDLE_STATE = "idle.json"
 IDLE_TAG = "gemma-rig-idle"  # the journal tag of the timer's decisions
+# Seconds a start may take before time in which vLLM cannot serve counts toward the idle stop: the
+# role passes the unit's own start deadline (vllm_service_start_timeout); this is its default.
+IDLE_START_ALLOWANCE = 900
 
 
 def read_metrics(text: str) -> dict[str, float]:
@@ -474,23 +482,61 @@ def bench_running(proc: str = "/proc") -> bool:
     return False
 
 
+def this_boot(proc: str = "/proc") -> str:
+    """This boot of the machine or of the rig's container: the kernel's boot id and PID 1's start
+    time (field 22 of /proc/1/stat, clock ticks since the kernel booted). The local rig is a
+    container on the host's kernel, so its stop and start keep the boot id; its new PID 1 starts
+    later. "" when unreadable: then no not-serving count carries over from one check to the next."""
+    try:
+        with open(os.path.join(proc, "sys/kernel/random/boot_id"), encoding="ascii") as fh:
+            boot = fh.read().strip()
+        with open(os.path.join(proc, "1/stat"), encoding="utf-8", errors="replace") as fh:
+            # The command name (field 2, in parentheses) may hold spaces and parentheses itself.
+            start = fh.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, ValueError, IndexError):
+        return ""
+    return f"{boot}/{start}" if boot and start.isdigit() else ""
+
+
+def timer_run(unit: str) -> str:
+    """When the idle timer (UNIT-idle.timer, the role's name) last started, on the monotonic clock,
+    or "" (not installed, unreadable). A person who stops it to repair a rig and starts it again (or
+    site.yml does) gets a whole start allowance, not the count from before the pause."""
+    try:
+        return unit_props(f"{unit}-idle.timer").get("ActiveEnterTimestampMonotonic", "")
+    except RigctlError:
+        return ""
+
+
 def idle_observe(rig: Rig) -> dict:
     """What the idle decision reads now: the unit's state and invocation, what blocks an idle stop,
-    and vLLM's counters (None when blocked before they could be read)."""
-    seen = {"invocation": rig.props.get("InvocationID", ""), "blocks": [], "counters": None}
+    vLLM's counters (None when blocked before they could be read), this boot and run of the idle
+    timer (``boot``), and ``not_serving``: why vLLM cannot serve (the unit not active, or /metrics
+    not answering), else None. A page that answers but cannot be read as numbers is a block, not a
+    vLLM that cannot serve."""
+    boot = this_boot()
+    seen = {"invocation": rig.props.get("InvocationID", ""), "blocks": [], "counters": None,
+            "not_serving": None, "boot": boot and f"{boot}/{timer_run(rig.unit)}"}  # fmt: skip
     state = rig.props.get("ActiveState", "?")
     if state != "active":
-        seen["blocks"].append(f"{rig.unit} is {state}")
+        seen["not_serving"] = f"{rig.unit} is {state}"
     else:
         try:
-            sums = read_metrics(rig.api.text("/metrics", METRICS_MAX_BYTES))  # it needs the key like /v1 does
-        except RigctlError as exc:
-            seen["blocks"].append(str(exc))
+            page = rig.api.text("/metrics", METRICS_MAX_BYTES)  # it needs the key like /v1 does
+        except RigctlError as exc:  # refused, an HTTP error, a timeout: nothing serves there
+            seen["not_serving"] = str(exc)
         else:
-            seen["counters"] = [sums[n] for n in IDLE_COUNTERS]
-            seen["blocks"] += [
-                f"requests {n.rsplit('_', 1)[1]}: {sums[n]:g}" for n in IDLE_GAUGES if sums[n] > 0
-            ]
+            try:
+                sums = read_metrics(page)
+            except RigctlError as exc:
+                seen["blocks"].append(str(exc))
+            else:
+                seen["counters"] = [sums[n] for n in IDLE_COUNTERS]
+                seen["blocks"] += [
+                    f"requests {n.rsplit('_', 1)[1]}: {sums[n]:g}" for n in IDLE_GAUGES if sums[n] > 0
+                ]
+    # Not serving blocks the served-nothing count as any other block does; it has a count of its own.
+    seen["blocks"] += [seen["not_serving"]] if seen["not_serving"] else []
     swap = swap_journal()
     if swap and swap["phase"] in SWAP_BUSY:
         seen["blocks"].append(f"a swap is in progress ({swap['phase']})")
@@ -499,10 +545,18 @@ def idle_observe(rig: Rig) -> dict:
     return seen
 
 
-def idle_decide(before: dict | None, seen: dict, now: float, threshold: int | None) -> dict:
+def _a_time(value: object, now: float) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value <= now
+
+
+def idle_decide(
+    before: dict | None, seen: dict, now: float, threshold: int | None, allowance: int = IDLE_START_ALLOWANCE
+) -> dict:
     """The next idle state: idle since the first check that found the same vLLM (invocation), the
-    same counters and nothing blocking; anything else starts the count again. ``stop`` when a
-    threshold (minutes) is given and reached."""
+    same counters and nothing blocking; anything else starts the count again. Not serving since the
+    first check of this boot that found vLLM unable to serve and nothing else blocking, every check
+    since alike: a rig a wake started that never serves stops too, ``allowance`` seconds (its start)
+    later than an idle one. ``stop`` when a threshold (minutes) is given and either is reached."""
     same = (
         isinstance(before, dict)
         and not seen["blocks"]
@@ -514,13 +568,38 @@ def idle_decide(before: dict | None, seen: dict, now: float, threshold: int | No
     since = before["idle_since"] if same else now
     minutes = round((now - since) / 60, 2)
     stop = bool(threshold) and not seen["blocks"] and minutes >= threshold
-    if seen["blocks"]:
+    # Not serving is counted only while it is all that blocks: a swap or a bench holds it too, and a
+    # crash loop (a new invocation each restart) does not start it again. A state from another boot
+    # (a rig woken after an idle poweroff) or from before the timer was stopped and started again (a
+    # repair) would stop the rig at once: it starts again.
+    down = seen.get("not_serving") if seen["blocks"] == [seen.get("not_serving")] else None
+    boot = seen.get("boot") or ""
+    carried = (
+        bool(down and boot)
+        and isinstance(before, dict)
+        and before.get("boot") == boot
+        and _a_time(before.get("not_serving_since"), now)
+    )
+    down_since = before["not_serving_since"] if carried else (now if down else None)
+    down_minutes = round((now - down_since) / 60, 2) if down_since is not None else None
+    stop_down = bool(threshold) and down_since is not None and now - down_since >= allowance + threshold * 60
+    if down:
+        start, limit = round(allowance / 60, 2), round(allowance / 60 + (threshold or 0), 2)
+        why = f"not serving: {down} since {down_minutes:.1f} min " + (
+            f"(stops after {limit:g} min: {start:g} min to start + {threshold} idle)"
+            if threshold
+            else "(no idle stop set)"
+        )
+    elif seen["blocks"]:
         why = f"not idle: {'; '.join(seen['blocks'])}"
     else:
         why = f"idle {minutes:g} min" + (f" of {threshold}" if threshold else " (no idle stop set)")
+    stop = stop or stop_down
     return {"invocation": seen["invocation"], "counters": seen["counters"], "idle_since": since,
             "checked_at": now, "threshold_minutes": threshold, "minutes_idle": minutes,
-            "blocked_by": seen["blocks"], "stop": stop, "line": ("stopping the rig: " if stop else "") + why}  # fmt: skip
+            "blocked_by": seen["blocks"], "boot": boot, "not_serving_since": down_since,
+            "not_serving_minutes": down_minutes, "start_allowance_seconds": allowance,
+            "stop": stop, "line": ("stopping the rig: " if stop else "") + why}  # fmt: skip
 
 
 def idle_state_path() -> str:
@@ -545,9 +624,12 @@ def idle_report(state: dict | None) -> dict:
             "minutes_idle": None,
             "threshold_minutes": None,
             "blocked_by": [],
+            "not_serving_minutes": None,
+            "start_allowance_seconds": None,
             "line": "off",
         }
-    keys = ("minutes_idle", "threshold_minutes", "blocked_by", "checked_at", "line")
+    keys = ("minutes_idle", "threshold_minutes", "blocked_by", "not_serving_minutes",
+            "start_allowance_seconds", "checked_at", "line")  # fmt: skip
     return {"enabled": bool(state.get("threshold_minutes")), **{k: state.get(k) for k in keys}}
 
 
@@ -556,22 +638,29 @@ def cmd_idle(args: argparse.Namespace) -> dict:
     before = idle_load()
     stored = (before or {}).get("threshold_minutes")
     kept = stored if isinstance(stored, int) and not isinstance(stored, bool) and stored > 0 else None
-    state = idle_decide(before, idle_observe(rig), time.time(), args.stop_after or kept)
+    # A call without the timer's options (a person's `rigctl idle`) reports what the timer decides.
+    allowed = (before or {}).get("start_allowance_seconds")
+    allowed = allowed if isinstance(allowed, int) and not isinstance(allowed, bool) and allowed > 0 else None
+    allowance = args.start_allowance or allowed or IDLE_START_ALLOWANCE
+    state = idle_decide(before, idle_observe(rig), time.time(), args.stop_after or kept, allowance)
     path = idle_state_path()
+    unwritten = None
     try:
         with open(path + ".new", "w", encoding="utf-8") as fh:
             json.dump({k: v for k, v in state.items() if k != "stop"}, fh)
         os.replace(path + ".new", path)
     except OSError as exc:
-        raise RigctlError(
-            f"cannot write {path}: {exc.strerror} (run rigctl as root)", EXIT_NO_CONFIG
-        ) from None
+        unwritten = RigctlError(f"cannot write {path}: {exc.strerror} (run rigctl as root)", EXIT_NO_CONFIG)
     stopping = state["stop"] and bool(args.stop_after)
     if args.stop_after:
         # The timer's decision, in the journal under its own tag before any poweroff.
         run(["logger", "-t", IDLE_TAG, "--", state["line"]])
+    # A full disk (one way a vLLM fails to load) fails the write, but the count read from the last
+    # state written still holds: the stop goes ahead, and the error is still the answer.
     if stopping:
         systemctl("poweroff")
+    if unwritten:
+        raise unwritten
     return {"ok": True, "stopping": stopping, **idle_report(state), "lines": [state["line"]]}
 
 
@@ -740,6 +829,9 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--stop-after", type=positive, metavar="MINUTES",
                    help="power the rig off once idle this long (the idle timer's call)")  # fmt: skip
+    p.add_argument("--start-allowance", type=positive, metavar="SECONDS",
+                   help="seconds a start may take before time vLLM cannot serve counts as idle "
+                        f"(the unit's start deadline; default: the last call's, else {IDLE_START_ALLOWANCE})")  # fmt: skip
     return top
 
 
