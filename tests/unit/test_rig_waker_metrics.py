@@ -76,7 +76,9 @@ class HeldCompute:
         self.entered = threading.Event()
         self.release = threading.Event()
 
-    def call(self, method: str, path: str, query: dict[str, str] | None = None) -> dict[str, Any]:
+    def call(
+        self, method: str, path: str, query: dict[str, str] | None = None, timeout: float = 30
+    ) -> dict[str, Any]:
         instance = path.split("/instances/", 1)[1].split("/")[0]
         self.calls.append(f"{method} {instance}{'/start' if path.endswith('/start') else ''}")
         if method == "POST":

@@ -197,7 +197,9 @@ class StubCompute:
         self.answers = answers
         self.calls: list[str] = []
 
-    def call(self, method: str, path: str, query: dict[str, str] | None = None) -> dict[str, Any]:
+    def call(
+        self, method: str, path: str, query: dict[str, str] | None = None, timeout: float = 30
+    ) -> dict[str, Any]:
         self.calls.append(f"{method} {path} {json.dumps(query) if query else ''}".strip())
         return self.answers[method + " " + path.rsplit("/", 1)[-1]]
 
