@@ -8,6 +8,8 @@ import os
 import re
 import subprocess
 import textwrap
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +17,8 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, VENV_BIN
-from tests.fake_compute import FakeComputeServer, Faults
+from tests.fake_compute import FakeComputeServer, Faults, iam
+from tests.fake_compute.iam import FakeIamServer
 
 # Each test starts ansible-playbook (module start-up imports google-cloud-compute: seconds each);
 # the first provisioning (two gateway VMs) serves the VM's shape, each VM's own rule and the second
@@ -204,7 +207,14 @@ def test_gateway_yml_provisions_the_vm_and_rigs_stay_closed(
     fake: FakeComputeServer, extra: Path, tmp_path: Path
 ) -> None:
     """The rig's provisioning, then gateway.yml: the rig behind the gateway gets no firewall rule of
-    its own (gce_internal_endpoint), and gateway.yml makes the gateway VM and its one rule."""
+    its own (gce_internal_endpoint), and gateway.yml makes the gateway VM and its one rule.
+
+    With wake on request (gateway_wake), the same runs make the waker's identity (docs/gateway.md,
+    "Its permissions on Compute Engine"): its account, its two custom roles, the operations role
+    bound on the project and the instance role on the rig's instance only, the gateway VM running as
+    the account; then, acting as that account, starting the rig is allowed and starting the gateway
+    VM (a VM of the same project that is no rig) is Compute's 403; a second run and check mode send
+    no changing request; teardown removes what was made."""
     rigs = tmp_path / "rigs.yml"
     rigs.write_text(
         yaml.safe_dump(
@@ -213,7 +223,15 @@ def test_gateway_yml_provisions_the_vm_and_rigs_stay_closed(
                     "children": {
                         "gce": {
                             # Host vars: inventory/group_vars/all/rig.yml's empty list beats a group's.
-                            "hosts": {"rig-test": {"rig_endpoint_source_ranges": ["10.128.0.0/9"]}},
+                            # gateway_wake_zone: where wake on request finds the instance, since
+                            # the rig's provisioning (which records its zone) fails at the SSH
+                            # wait here, and so ends a run of site.yml gateway.yml.
+                            "hosts": {
+                                "rig-test": {
+                                    "rig_endpoint_source_ranges": ["10.128.0.0/9"],
+                                    "gateway_wake_zone": "us-central1-b",
+                                }
+                            },
                             "vars": {"gce_internal_endpoint": True},
                         }
                     }
@@ -229,11 +247,118 @@ def test_gateway_yml_provisions_the_vm_and_rigs_stay_closed(
     assert ("us-central1-b", "rig-test") in fake.api.instances
     assert fake.api.firewalls == {}  # the rig's endpoint is for the VPC only: no rule
 
-    gateway = _play("gateway.yml", fake, extra, "-e", f"@{secrets}", inventories=(str(rigs),))
-    out = gateway.stdout + gateway.stderr
-    assert (
-        "PLAY [Provision Compute Engine gateways]" in out and "TASK [gce : Wait for SSH on the VM]" in out
-    ), out
-    assert ("us-central1-b", GATEWAY) in fake.api.instances
-    assert list(fake.api.firewalls) == [f"{GATEWAY}-gateway"]
-    assert "sk-rig-0123456789abcdef" not in out and KEY not in out
+    with FakeIamServer(fake.api) as iam_api:
+        wake = tmp_path / "wake.yml"
+        wake.write_text(
+            yaml.safe_dump(
+                {
+                    "gateway_wake": True,
+                    "gce_waker_iam_api_endpoint": iam_api.endpoint,
+                    "gce_waker_resource_manager_api_endpoint": fake.endpoint,
+                }
+            )
+        )
+        more = ("-e", f"@{secrets}", "-e", f"@{wake}")
+        gateway = _play("gateway.yml", fake, extra, *more, inventories=(str(rigs),))
+        out = gateway.stdout + gateway.stderr
+        assert (
+            "PLAY [Provision Compute Engine gateways]" in out and "TASK [gce : Wait for SSH on the VM]" in out
+        ), out
+        assert ("us-central1-b", GATEWAY) in fake.api.instances
+        assert list(fake.api.firewalls) == [f"{GATEWAY}-gateway"]
+        assert "sk-rig-0123456789abcdef" not in out and KEY not in out
+        _assert_waker_identity(fake, out)
+
+        # One check-mode run serves both claims: a module decides `changed` the same way in check
+        # mode (fetch, compare), so no change reported is what a second run would do, and check
+        # mode sends no changing request.
+        after_first = list(fake.api.mutating_requests())
+        again = _play("gateway.yml", fake, extra, *more, "--check", "--diff", inventories=(str(rigs),))
+        text = again.stdout + again.stderr
+        for task in WAKER_TASKS:
+            assert f"TASK [gce : {task}]" in text, text[-3000:]
+            report = text.split(f"TASK [gce : {task}]", 1)[1].split("TASK [", 1)[0]
+            assert "changed:" not in report and "ok:" in report, report
+        assert fake.api.mutating_requests() == after_first
+
+        gone = _play("teardown.yml", fake, extra, *more, inventories=(str(rigs),))
+        text = " ".join((gone.stdout + gone.stderr).split())
+        assert gone.returncode == 0, text[-3000:]
+        state = iam.of(fake.api)
+        assert fake.api.instances == {} and state.accounts == {}
+        assert {name: role.get("deleted") for name, role in state.roles.items()} == {
+            f"projects/proj/roles/{WAKER_ROLE}": True,
+            f"projects/proj/roles/{WAKER_OPS_ROLE}": True,
+        }
+        assert "bindings" not in state.project_policies["proj"]
+
+
+WAKER = "gemma-rig-waker@proj.iam.gserviceaccount.com"
+WAKER_TASKS = (
+    "Make the waker's service account",
+    "Make the waker's custom roles",
+    "Bind the operations role on the project",
+    "Bind the instance role on each rig's instance",
+)
+WAKER_ROLE = "gemmaRigWaker"
+WAKER_OPS_ROLE = "gemmaRigWakerOperations"
+
+
+def _as_waker(fake: FakeComputeServer, method: str, path: str) -> int:
+    """The HTTP status the fake answers a request made with the waker's token (rig-waker's own calls)."""
+    request = urllib.request.Request(
+        f"{fake.endpoint}/compute/v1/projects/proj/zones/us-central1-b/{path}",
+        method=method,
+        headers={"Authorization": "Bearer waker-token"},
+        data=b"" if method == "POST" else None,
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def _assert_waker_identity(fake: FakeComputeServer, out: str) -> None:
+    """What the provisioning made for the waker, and what its token may do (the fake enforces the
+    policies: iam.FakeIam.allows)."""
+    state = iam.of(fake.api)
+    assert list(state.accounts) == [WAKER], out[-3000:]
+    roles = {name: role["includedPermissions"] for name, role in state.roles.items()}
+    assert roles == {
+        f"projects/proj/roles/{WAKER_ROLE}": ["compute.instances.get", "compute.instances.start"],
+        f"projects/proj/roles/{WAKER_OPS_ROLE}": [
+            "compute.zoneOperations.get",
+            "compute.zoneOperations.list",
+        ],
+    }
+    member = f"serviceAccount:{WAKER}"
+    assert state.project_policies["proj"]["bindings"] == [
+        {"role": f"projects/proj/roles/{WAKER_OPS_ROLE}", "members": [member]}
+    ]
+    rig = fake.api.instances[("us-central1-b", "rig-test")]
+    gateway = fake.api.instances[("us-central1-b", GATEWAY)]
+    assert state.instance_policies[rig["id"]]["bindings"] == [
+        {"role": f"projects/proj/roles/{WAKER_ROLE}", "members": [member]}
+    ]
+    assert gateway["id"] not in state.instance_policies
+    # The gateway VM runs as the waker, with the cloud-platform scope (the roles are the limit).
+    assert gateway["serviceAccounts"] == [
+        {"email": WAKER, "scopes": ["https://www.googleapis.com/auth/cloud-platform"]}
+    ]
+
+    # Any process on the gateway VM can take this token from the metadata server.
+    iam.act_as(fake, "waker-token", WAKER)
+    assert _as_waker(fake, "POST", "instances/rig-test/start") == 200
+    assert _as_waker(fake, "GET", "instances/rig-test") == 200
+    ops = [op for op in fake.api.operations.values() if op["operationType"] == "start"]
+    assert _as_waker(fake, "GET", f"operations/{ops[-1]['name']}") == 200
+    assert _as_waker(fake, "GET", "operations") == 200
+    # Hostile: the same token on a VM of the project that is no rig, or anything beyond start.
+    assert _as_waker(fake, "POST", f"instances/{GATEWAY}/start") == 403
+    assert _as_waker(fake, "GET", f"instances/{GATEWAY}") == 403
+    assert _as_waker(fake, "POST", "instances/rig-test/stop") == 403
+    assert _as_waker(fake, "DELETE", "instances/rig-test") == 403
+    assert _as_waker(fake, "GET", "instances/rig-test/getIamPolicy") == 403
+    # Back to no checks: the playbook runs that follow send no token.
+    fake.httpd.RequestHandlerClass.permissions = None

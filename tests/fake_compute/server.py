@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.fake_compute import strict
+from tests.fake_compute import iam, strict
 from tests.fake_compute.podman import PodmanBacking, parse_pairs
 from tests.fake_compute.state import ApiError, DropConnection, FakeCompute, Faults
 
@@ -33,7 +33,9 @@ _Z = _P + r"/zones/(?P<zone>[^/]+)"
 # (method, path regex, handler name); first match wins.
 ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     (m, re.compile(p + "$"), h)
+    # IAM policies first: instance_action's pattern would take setIamPolicy (tests/fake_compute/iam.py).
     for m, p, h in [
+        *iam.ROUTES,
         ("GET", _Z + r"/instances/(?P<name>[^/]+)", "get_instance"),
         ("GET", _Z + r"/instances/(?P<name>[^/]+)/getGuestAttributes", "get_guest_attributes"),
         ("GET", _Z + r"/instances", "list_instances"),
@@ -79,6 +81,7 @@ PERMISSIONS = {
     "patch_firewall": "compute.firewalls.update",
     "update_firewall": "compute.firewalls.update",
     "delete_firewall": "compute.firewalls.delete",
+    **iam.PERMISSIONS,
 }
 
 
@@ -97,15 +100,31 @@ def required(method: str, path: str, body: dict[str, Any]) -> tuple[str, str] | 
             return f"compute.instances.{a['verb']}", resource.rsplit("/", 1)[0]
         if handler in ("insert_instance", "insert_firewall"):
             resource += "/" + str(body.get("name", ""))
-        if handler == "get_guest_attributes":
+        if handler in ("get_guest_attributes", "get_instance_iam_policy", "set_instance_iam_policy"):
             resource = resource.rsplit("/", 1)[0]
+        if handler in ("get_project_iam_policy", "set_project_iam_policy"):
+            resource = f"projects/{a['project']}"
         return PERMISSIONS[handler], resource
     return None
 
 
-def authorize(permissions: dict[str, set[str]], authorization: str, need: tuple[str, str] | None) -> None:
-    """Raise the API's 401 for a missing or unknown token, its 403 for a permission the token lacks."""
+def authorize(
+    permissions: dict[str, set[str]],
+    authorization: str,
+    need: tuple[str, str] | None,
+    api: FakeCompute | None = None,
+) -> None:
+    """Raise the API's 401 for a missing or unknown token, its 403 for a permission the token lacks.
+
+    A token that acts as a service account (iam.act_as) holds what the policies on the resource
+    and its project grant that account; any other token, what ``permissions`` lists for it.
+    """
     scheme, _, token = authorization.partition(" ")
+    email = iam.of(api).identity(token) if api is not None and scheme.lower() == "bearer" else None
+    if email is not None:
+        if need is not None and not iam.of(api).allows(email, *need):  # type: ignore[arg-type]
+            raise ApiError(403, f"Required '{need[0]}' permission for '{need[1]}'", "forbidden")
+        return
     if scheme.lower() != "bearer" or token not in permissions:
         raise ApiError(
             401,
@@ -137,6 +156,8 @@ def dispatch(api: FakeCompute, method: str, path: str, query: dict[str, str], bo
             replay = api.replayed(request_id)
             if replay is not None:  # the API answers a repeated requestId with the first operation
                 return replay
+            if handler in iam.HANDLERS:
+                return iam.handle(api, handler, a, query, body)
             if handler == "get_guest_attributes":
                 return api.get_guest_attributes(a["project"], a["zone"], a["name"], query)
             if handler == "list_operations":
@@ -206,7 +227,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if self.permissions is not None:
                 need = required(self.command, parts.path, body if isinstance(body, dict) else {})
-                authorize(self.permissions, self.headers.get("Authorization", ""), need)
+                authorize(self.permissions, self.headers.get("Authorization", ""), need, self.api)
             with self.api.lock:
                 if self.api.faults.status_429 and parts.path.endswith(self.api.faults.status_429_suffix):
                     self.api.faults.status_429 -= 1

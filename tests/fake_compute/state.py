@@ -240,7 +240,10 @@ class FakeCompute:
     # ---- request log helpers for tests -------------------------------------------------------
     def mutating_requests(self) -> list[dict[str, Any]]:
         """Requests that could change state (anything but GET and operation waits)."""
-        return [r for r in self.log if r["method"] != "GET" and not r["path"].endswith("/wait")]
+        # Resource Manager's getIamPolicy is a POST that changes nothing.
+        return [
+            r for r in self.log if r["method"] != "GET" and not r["path"].endswith(("/wait", ":getIamPolicy"))
+        ]
 
     def requests(self, method: str, suffix: str = "") -> list[dict[str, Any]]:
         """Logged requests with this method whose path ends with suffix."""

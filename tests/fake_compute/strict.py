@@ -197,7 +197,11 @@ def check_error(status: int, body: Any) -> None:
 
 def check(handler: str | None, status: int, body: Any) -> None:
     """Check one answer of the fake: an error by its shape, anything else by its handler's type."""
-    if status >= 400:
+    from tests.fake_compute import iam
+
+    if handler in iam.HANDLERS:  # Resource Manager's shapes are not Compute's
+        iam.check(handler, status, body)
+    elif status >= 400:
         check_error(status, body)
     elif handler is None:
         raise ResponseMismatch(f"a {status} answer from no route")

@@ -69,7 +69,11 @@ def test_pyproject_and_lock_agree_on_ansible() -> None:
 def test_lock_pins_the_cloud_clients_the_modules_import() -> None:
     """library/gce_*.py and tpu_node.py import these; the lock is installed with --no-deps."""
     lock = (ROOT / "requirements.lock").read_text()
-    for name in ("google-cloud-compute", "google-cloud-tpu", "google-api-core", "google-auth", "proto-plus"):
+    for name in (
+        "google-cloud-compute", "google-cloud-tpu", "google-api-core", "google-auth", "proto-plus",
+        # library/gce_iam_*.py: service accounts and roles, a project's policy, IAM's Policy type
+        "google-cloud-iam", "google-cloud-resource-manager", "grpc-google-iam-v1",
+    ):  # fmt: skip
         assert re.search(rf"^{re.escape(name)}==\S+$", lock, re.M), (
             f"{name} is not pinned in requirements.lock"
         )
