@@ -33,6 +33,8 @@ from types import TracebackType
 from typing import Any
 
 LOG = logging.getLogger(__name__)
+# The client's name as the gateway passes it (roles/gateway/vars/main.yml, _gateway_client_header).
+CLIENT_HEADER = "X-Gemma-Rig-Client"
 
 # Fields vLLM 0.29.0's response types declare beyond the openai client's (ModelCard in
 # vllm/entrypoints/serve/engine/protocol.py): the only extra keys a body may carry.
@@ -170,6 +172,9 @@ class FakeRig:
         self.lockstep: threading.Semaphore | None = None
         self.log: list[dict] = []
         self.mismatches: list[str] = []  # bodies refused because vLLM would never send them
+        # The rig guard's per-client counters (gemma_rig_client_tokens_total on /metrics), by the
+        # client the gateway names: what a rig's metrics reveal about every client.
+        self.client_tokens: dict[tuple[str, str], int] = {}
         rig = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -210,7 +215,7 @@ class FakeRig:
                     data = (
                         "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n"
                         "# TYPE process_cpu_seconds_total counter\n"
-                        f"process_cpu_seconds_total {time.process_time()}\n"
+                        f"process_cpu_seconds_total {time.process_time()}\n" + rig.usage_text()
                     ).encode()
                     self.send_response(200)
                     self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
@@ -228,7 +233,7 @@ class FakeRig:
                         "model": body.get("model"),
                         "authorization": self.headers.get("Authorization"),
                         "messages": body.get("messages"),
-                        **{k: body[k] for k in ("tools", "response_format") if k in body},
+                        **{k: body[k] for k in ("tools", "response_format", "max_tokens") if k in body},
                     }
                 )
                 if self.path not in ("/v1/chat/completions", "/v1/completions"):
@@ -239,9 +244,11 @@ class FakeRig:
                                                "NotFoundError", "model"))  # fmt: skip
                     return
                 if self.path == "/v1/completions":
+                    rig.count(self.headers.get(CLIENT_HEADER), completion_body(rig.model)["usage"])
                     self._json(200, completion_body(rig.model), "completion")
                     return
                 if not body.get("stream"):
+                    rig.count(self.headers.get(CLIENT_HEADER), chat_body(rig.model)["usage"])
                     self._json(200, chat_body(rig.model), "chat")
                     return
                 self.send_response(200)
@@ -281,6 +288,27 @@ class FakeRig:
         self._thread = threading.Thread(
             target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )
+
+    def count(self, client: str | None, usage: dict[str, int]) -> None:
+        """Count an answer's usage under the client the gateway named (the guard's ``direct``
+        when none did)."""
+        name = client or "direct"
+        for kind in ("prompt", "completion"):
+            key = (name, kind)
+            self.client_tokens[key] = self.client_tokens.get(key, 0) + usage[f"{kind}_tokens"]
+
+    def usage_text(self) -> str:
+        """The guard's per-client series, as prometheus_client writes them."""
+        lines = [
+            "# HELP gemma_rig_client_tokens_total Tokens the rig's answers reported in usage, by the "
+            "client the gateway named and kind.",
+            "# TYPE gemma_rig_client_tokens_total counter",
+        ]
+        lines += [
+            f'gemma_rig_client_tokens_total{{client="{client}",kind="{kind}"}} {value}.0'
+            for (client, kind), value in sorted(self.client_tokens.items())
+        ]
+        return "\n".join(lines) + "\n"
 
     @property
     def names(self) -> list[str]:

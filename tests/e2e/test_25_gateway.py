@@ -185,7 +185,9 @@ def test_rolling_swap_through_the_gateway_no_client_notices(gateway, local_rig, 
     """No client that names no model or the alias notices; one naming the old build is answered
     by it while a rig takes it, then gets vLLM's 404 naming it, and nothing else."""
     keys, up = gateway
-    figure("gateway.yml (container, haproxy, TLS, config)", f"{up.seconds:.0f} s")
+    figure(
+        "site.yml gateway.yml (the fleet converged; container, haproxy, TLS, config)", f"{up.seconds:.0f} s"
+    )
     old = served_build(local_rig.port)
     new = local_rig.model if old != local_rig.model else "tiny-w8a8"
     with Load(names=(NO_MODEL, ALIAS, old)) as load:

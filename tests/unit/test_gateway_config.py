@@ -41,6 +41,7 @@ KEY = "sk-gw-unit-0123456789abcdef"  # a test-only key
 KEY_BOB = "sk-gw-unit-bob-0123456789abcdef"  # a second client's
 RIG_KEY = "sk-rig-unit-0123456789abcdef"
 CTL = ROOT / "roles" / "gateway" / "files" / "gateway-ctl"
+RIG_VARS = yaml.safe_load((ROOT / "inventory" / "group_vars" / "all" / "rig.yml").read_text())
 ALIAS = "tiny-gemma-4"  # the tiny builds' catalog alias: both fake rigs answer to it
 
 
@@ -614,12 +615,12 @@ def test_settle_asks_again_when_the_master_drops_the_connection(tmp_path: Path) 
     assert not thread.is_alive(), "settle stopped before the worker list had no old worker"
 
 
-def _raw_request(gateway: Gateway, method: str, target: str, key: str | None = KEY) -> int:
-    """One request with its target sent byte for byte (httpx would resolve `..`); returns its status."""
-    context = ssl.create_default_context(cafile=str(gateway.cert))
-    # No model: any rig answers (the tests before may have moved a model's routes).
+def raw_answer(url: str, cafile: Path, method: str, target: str, key: str | None) -> bytes:
+    """One request with its target sent byte for byte; the whole answer, head and body."""
+    host, port = url.removeprefix("https://").rsplit(":", 1)
+    context = ssl.create_default_context(cafile=str(cafile))
     body = json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode()
-    head = f"{method} {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+    head = f"{method} {target} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n"
     head += f"Authorization: Bearer {key}\r\n" if key else ""
     head += (
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
@@ -627,14 +628,19 @@ def _raw_request(gateway: Gateway, method: str, target: str, key: str | None = K
         else "\r\n"
     )
     with (
-        socket.create_connection(("127.0.0.1", gateway.port), timeout=30) as raw,
-        context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+        socket.create_connection((host, int(port)), timeout=60) as raw,
+        context.wrap_socket(raw, server_hostname=host) as tls,
     ):
         tls.sendall(head.encode() + (body if method == "POST" else b""))
         reply = b""
         while chunk := tls.recv(65536):
             reply += chunk
-    return int(reply.split(b" ", 2)[1])
+    return reply
+
+
+def _raw_request(gateway: Gateway, method: str, target: str, key: str | None = KEY) -> int:
+    """One request with its target sent byte for byte (httpx would resolve `..`); returns its status."""
+    return int(raw_answer(gateway.url, gateway.cert, method, target, key).split(b" ", 2)[1])
 
 
 # Paths vLLM 0.29.0 serves beside the documented ones (/invocations runs a chat without a key), and
@@ -672,19 +678,85 @@ def test_undocumented_paths_never_reach_a_rig(gateway: Gateway, method: str, tar
     assert not seen, f"{method} {target} reached a rig as {seen}"
 
 
-def test_metrics_needs_the_key_and_the_documented_paths_pass(gateway: Gateway) -> None:
+# Every path a client could try for another client's usage: the rigs' served paths (GET /metrics
+# among them), the gateway's and rig-waker's own operational paths, and spellings of /metrics.
+OPERATIONAL_PATHS = [
+    "/metrics", "/usage", "/waker/status", "/waker/metrics", "/stats", "/health", "/server_info",
+    "/metrics/", "//metrics", "/v1/../metrics", "/v1/%2e%2e/metrics", "/%6detrics", "/METRICS",
+    "/metrics?format=prometheus", "/v1/metrics", "/v1/usage",
+]  # fmt: skip
+EVERY_PATH = sorted(
+    {(m, t) for m in ("GET", "POST") for t in OPERATIONAL_PATHS}
+    | {tuple(p.split(":", 1)) for p in RIG_VARS["rig_served_paths"]}
+    | set(HOSTILE_TARGETS)
+)
+
+
+CLIENT_API = {("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("GET", "/v1/models")}
+
+
+def others_usage_seen(
+    url: str, cafile: Path, key: str, other: str, paths: list[tuple[str, str]] = EVERY_PATH
+) -> list[str]:
+    """Each (method, path) whose answer to ``key`` names client ``other`` or any client's counts."""
+    leaks = []
+    for method, target in paths:
+        reply = raw_answer(url, cafile, method, target, key)
+        if other.encode() in reply or b"gemma_rig_client_tokens" in reply:
+            leaks.append(f"{method} {target}: {reply[:300]!r}")
+    return leaks
+
+
+def test_one_clients_key_reaches_no_other_clients_usage(gateway: Gateway) -> None:
+    """bob's key, on every path, never sees alice's name or counts; /metrics never reaches a rig."""
+    with gateway.client(KEY) as alice:
+        assert (
+            alice.post(
+                "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}
+            ).status_code
+            == 200
+        )
+    # What a rig's own metrics hold (the guard's per-client series): alice is named there.
+    direct = [
+        httpx.get(f"http://127.0.0.1:{rig.port}/metrics", timeout=10).text for rig in gateway.rigs.values()
+    ]
+    assert any('client="alice"' in text for text in direct), direct
     before = {name: len(rig.log) for name, rig in gateway.rigs.items()}
-    assert _raw_request(gateway, "GET", "/metrics", key=None) == 401
-    assert _raw_request(gateway, "GET", "/metrics", key="sk-wrong-key-0000") == 401
-    assert not [e for n, r in gateway.rigs.items() for e in r.log[before[n] :] if e["path"] == "/metrics"]
-    # The fake rig has no /metrics (its 404 is its own): what matters is that the request got there.
-    _raw_request(gateway, "GET", "/metrics")
+    assert others_usage_seen(gateway.url, gateway.cert, KEY_BOB, "alice") == []
+    assert raw_answer(gateway.url, gateway.cert, "GET", "/metrics", KEY_BOB).startswith(b"HTTP/1.1 404")
+    reached = {e["path"] for n, r in gateway.rigs.items() for e in r.log[before[n] :]} - {"/health"}
+    assert reached == {"/v1/chat/completions", "/v1/completions"}, reached  # only the client API
+
+
+def test_the_client_api_passes_and_nothing_else(gateway: Gateway) -> None:
+    assert _raw_request(gateway, "GET", "/metrics", key=None) == 401  # the key first
+    assert _raw_request(gateway, "GET", "/metrics") == 404
     assert _raw_request(gateway, "POST", "/v1/chat/completions") == 200
     assert _raw_request(gateway, "POST", "/v1/completions") == 200
-    reached = [
-        e["path"] for n, r in gateway.rigs.items() for e in r.log[before[n] :] if e["path"] != "/health"
-    ]
-    assert sorted(reached) == ["/metrics", "/v1/chat/completions", "/v1/completions"]
+    assert _raw_request(gateway, "GET", "/v1/models") == 200  # the gateway's own answer
+    assert "GET:/metrics" in RIG_VARS["rig_served_paths"]  # the rigs serve it, to Prometheus only
+
+
+def test_a_forwarded_path_outside_the_client_api_is_refused(tmp_path: Path) -> None:
+    """gateway_forwarded_paths with GET:/metrics (or any path outside /v1/): one line, nothing written."""
+    inventory = tmp_path / "inventory"
+    (inventory / "group_vars").mkdir(parents=True)
+    (inventory / "group_vars" / "all").symlink_to(ROOT / "inventory" / "group_vars" / "all")
+    local = {"ansible_connection": "local", "ansible_python_interpreter": str(VENV_BIN / "python")}
+    env = tmp_path / "rig.env"
+    env.write_text("RIG_MODEL_KEY=tiny-emb4\nRIG_SERVED_MODEL_NAME=tiny-emb4\n")
+    etc = tmp_path / "etc"
+    hosts = {
+        "rigs": {"hosts": {"fake-a": {**local, "rig_env_file": str(env), "rig_port": free_port()}}},
+        "gateways": {"hosts": {"gw": {**local, "gateway_service_manage": False, "gateway_config_dir": str(etc),
+                                      "gateway_controller_dir": str(tmp_path / "ctl"), "gateway_address": "127.0.0.1",
+                                      "gateway_forwarded_paths": ["POST:/v1/chat/completions", "GET:/metrics"]}}},
+    }  # fmt: skip
+    (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    run = render_gateway(tmp_path, inventory, {"gateway_api_keys": {"alice": KEY}})
+    assert run.rc != 0
+    assert "gateway_forwarded_paths must be GET:/v1/path or POST:/v1/path" in run.output, run.output[-3000:]
+    assert not (etc / "haproxy.cfg").exists()
 
 
 def usage(gateway: Gateway) -> dict[tuple[str, str], int]:

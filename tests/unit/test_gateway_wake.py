@@ -32,9 +32,11 @@ from tests.ansible_run import render_gateway
 from tests.conftest import ROOT, VENV_BIN
 from tests.fake_compute import FakeComputeServer, Faults
 from tests.fake_rig import FakeRig
+from tests.unit.test_gateway_config import CLIENT_API, EVERY_PATH, others_usage_seen
 from tests.unit.test_rig_waker import MINIMAL, RigBehindVm, free_port
 
 KEY = "sk-gw-unit-0123456789abcdef"  # test-only keys
+KEY_BOB = "sk-gw-unit-bob-0123456789abcdef"
 RIG_KEY = "sk-rig-unit-0123456789abcdef"
 TOKEN = "waker-token-0123"
 CTL = ROOT / "roles" / "gateway" / "files" / "gateway-ctl"
@@ -108,7 +110,8 @@ class Stack:
             "gateway_wake_api": self.fake.endpoint,
         }
         (inventory / "hosts.yml").write_text(yaml.safe_dump(hosts))
-        secrets = {"gateway_api_keys": {"alice": KEY}, "rig_api_key": RIG_KEY, "gateway_wake_token": TOKEN}
+        secrets = {"gateway_api_keys": {"alice": KEY, "bob": KEY_BOB}, "rig_api_key": RIG_KEY,
+                   "gateway_wake_token": TOKEN}  # fmt: skip
         run = render_gateway(self.tmp, inventory, secrets)
         assert run.rc == 0, run.output[-6000:]
         assert TOKEN not in run.output and RIG_KEY not in run.output
@@ -187,9 +190,16 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
 
 
 def test_a_request_for_a_stopped_model_starts_its_rig_through_the_gateway(stack: Stack) -> None:
+    """alice's request starts its model's rig; bob's key, before and after, on every path outside
+    the client API starts nothing (GET /metrics woke a rig once) and reads nothing of alice's."""
     wait(lambda: set(stack.states().values()) == {"DOWN"}, "both rigs DOWN at the gateway")
     assert set(stack.states()) == {"fake-a", "fake-b"}  # gateway-ctl leaves rig-waker out
-    verify = ssl.create_default_context(cafile=str(stack.tmp / "ctl" / "gw.crt"))
+    cafile = stack.tmp / "ctl" / "gw.crt"
+    operational = [pair for pair in EVERY_PATH if pair not in CLIENT_API]
+    assert ("GET", "/metrics") in operational
+    assert others_usage_seen(stack.url, cafile, KEY_BOB, "alice", operational) == []
+    assert stack.starts() == []
+    verify = ssl.create_default_context(cafile=str(cafile))
     with httpx.Client(verify=verify) as http:
         assert http.get(stack.url + "/health").status_code == 200  # the waker can answer
         client = openai.OpenAI(base_url=stack.url + "/v1", api_key=KEY, http_client=http)
@@ -205,6 +215,9 @@ def test_a_request_for_a_stopped_model_starts_its_rig_through_the_gateway(stack:
         assert raw.headers["x-gemma-rig"] == "fake-b" and stack.starts() == ["fake-b"]
     sent = [e["authorization"] for e in stack.rigs["fake-b"].log if e["path"] != "/health"]
     assert sent == [f"Bearer {RIG_KEY}"] * 2  # the rigs' key through the waker too, never the client's
+    assert ("alice", "prompt") in stack.rigs["fake-b"].client_tokens  # the rig up holds her counts
+    assert others_usage_seen(stack.url, cafile, KEY_BOB, "alice") == []  # bob on every path, client API too
+    assert stack.starts() == ["fake-b"]
     assert stack.fake.api.mismatches == []
 
 
@@ -261,7 +274,9 @@ def test_a_preempted_spot_rig_is_started_again_while_the_other_serves(tmp_path: 
         lines = stack.ctl("status", "--text").splitlines()
         line = next(x for x in lines if x.startswith("fake-b: UP"))
         assert "; recovery: preempted at " in line and ", started again at " in line, line
-        assert "recovery: spot, no preemption seen" in next(x for x in lines if x.startswith("fake-a"))
+        assert "; last wake: started at " in line and " (recovery), healthy at " in line, line
+        line = next(x for x in lines if x.startswith("fake-a"))
+        assert "recovery: spot, no preemption seen" in line and "last wake" not in line  # a user started it
         # rig-waker's status is not the gateway's to serve: HAProxy forwards only the rigs' paths.
         with httpx.Client(verify=verify) as http:
             relayed = http.get(stack.url + "/waker/status", headers={"Authorization": f"Bearer {KEY}"})

@@ -165,3 +165,31 @@ def test_the_key_reaches_rigctl_on_stdin_only(tmp_path: Path) -> None:
         assert "- 'm: Paris'" in run.output and "- 'tokens: 5 in, 1 out'" in run.output
         assert "sk-" not in run.output
     assert f"answered by ? through http://127.0.0.1:{gateway.port}" in through.output
+
+
+@pytest.mark.parametrize("form", ["key=value", "vars_file_unsafe"])
+def test_a_value_beside_the_prompt_is_the_operators_template_unless_tagged_unsafe(
+    tmp_path: Path, form: str
+) -> None:
+    """-e max_tokens='{{ 7*6 }}' is rendered (42: -e is the operator's own Jinja, docs/security.md);
+    the same text from a wrapper's `-e @file` with !unsafe stays text and is refused in one line,
+    and a lookup in it never runs."""
+    marker = tmp_path / "MARKER"
+    value = "{{ 7*6 }}{{ lookup('pipe', 'touch " + str(marker) + "') }}"
+    if form == "key=value":
+        args = ["-e", "max_tokens={{ 7*6 }}"]
+    else:
+        (tmp_path / "vars.yml").write_text(f"max_tokens: !unsafe {json.dumps(value)}\n")
+        args = ["-e", "@" + str(tmp_path / "vars.yml")]
+    with FakeRig("m") as rig:
+        hosts = {"r": {"rig_ctl": str(installed_rigctl(tmp_path / "r", rig.port))}}
+        run = run_playbook("playbooks/query.yml", *args, inventory=write_inventory(tmp_path, hosts))
+        sent = [e.get("max_tokens") for e in rig.log if e["path"] == "/v1/chat/completions"]
+    if form == "key=value":
+        assert run.rc == 0 and sent == [42], run.output[-3000:]
+    else:
+        assert run.rc != 0 and sent == []
+        assert f"max_tokens must be a whole number of tokens, got {json.dumps(value)}" in run.output, (
+            run.output[-3000:]
+        )
+    assert not marker.exists()

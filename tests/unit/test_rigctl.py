@@ -354,7 +354,7 @@ def test_wait_sends_the_prompt_from_stdin_exactly_and_says_the_answer(rig, capsy
         code, doc = rigctl_json(capsys, "wait", "--model", "a", "--request-stdin")
         chats = [e for e in fake.log if e["path"] == "/v1/chat/completions"]
         assert chats == [{"path": "/v1/chat/completions", "model": "m", "authorization": None,
-                          "messages": [{"role": "user", "content": STDIN_PROMPT}]}]  # fmt: skip
+                          "messages": [{"role": "user", "content": STDIN_PROMPT}], "max_tokens": 7}]  # fmt: skip
         assert code == 0 and doc["build"] == "m" and doc["chat"]["answer"] == "Paris"
         assert set(doc) - {"rigctl", "command", "ok", "lines"} == documented("wait")
         assert set(doc["chat"]) - {"lines"} == documented("query")
