@@ -13,8 +13,8 @@ description:
   - Makes sure the service account O(account_id) of O(project) exists with O(display_name) and
     O(description), or does not exist. Used by gemma-rig for the gateway's rig-waker, whose VM runs
     as that account (docs/gateway.md).
-  - Uses google-cloud-iam's official client (C(iam_admin_v1), gRPC: the package has no REST
-    transport). The google.cloud collection's C(gcp_iam_service_account) was not kept: it builds
+  - Uses google-cloud-iam's official client (C(iam_admin_v1), gRPC, as the package has no REST
+    transport). The google.cloud collection's C(gcp_iam_service_account) was not kept; it builds
     its URLs on C(iam.googleapis.com) and cannot be pointed at a local fake API, which is how
     gemma-rig tests every cloud module.
   - Reads first, and sends a change only where the account differs (idempotent). An account a

@@ -15,7 +15,7 @@ description:
     (O(resource=instance), O(zone), O(instance)). Every other binding and member is kept as it is,
     conditional bindings included. Used by gemma-rig to let the gateway's rig-waker start the
     rigs' instances and no other (docs/gateway.md).
-  - IAM's read-modify-write: the policy is read (version 3, so conditional bindings are seen and
+  - IAM's read-modify-write. The policy is read (version 3, so conditional bindings are seen and
     kept), changed, and written back with the etag read; when someone else wrote it in between, the
     write is refused (409 ABORTED, or 412 from Compute) and the whole cycle is done again, up to 5
     times.

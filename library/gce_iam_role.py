@@ -13,12 +13,12 @@ description:
   - Makes sure the custom role C(projects/PROJECT/roles/ROLE_ID) holds exactly O(permissions), with
     O(title), O(description) and O(stage), or is deleted. Used by gemma-rig for the roles of the
     gateway's rig-waker (docs/gateway.md).
-  - Deleting a custom role is soft: IAM keeps it, C(deleted) true, for 7 days (it can be
+  - Deleting a custom role is soft; IAM keeps it, C(deleted) true, for 7 days (it can be
     undeleted) and its id cannot be given to a new role for a while longer. So a role found
     deleted is undeleted, then updated if it differs, rather than created again (which would
     fail); O(state=absent) on a deleted role changes nothing.
-  - Uses google-cloud-iam's official client (C(iam_admin_v1), gRPC: the package has no REST
-    transport). The google.cloud collection's C(gcp_iam_role) was not kept: it cannot be pointed
+  - Uses google-cloud-iam's official client (C(iam_admin_v1), gRPC, as the package has no REST
+    transport). The google.cloud collection's C(gcp_iam_role) was not kept; it cannot be pointed
     at a local fake API, which is how gemma-rig tests every cloud module.
   - Every write carries the etag read, so a change made meanwhile by someone else is refused
     (409) instead of overwritten.
