@@ -93,6 +93,9 @@ install_venv() {
   # ... and its W4A16 matmul where the CPU build's kernels have none (roles/vllm/files/vllm_cpu_wna16:
   # AVX2-only processors), which the tests' vLLM servers need to serve the int4 builds there.
   "$VENV/bin/pip" install -q --no-deps -e "$ROOT/roles/vllm/files/vllm_cpu_wna16"
+  # ... and its W8A8 matmul where the CPU build's int8 kernel saturates (roles/vllm/files/vllm_cpu_int8:
+  # x86 without VNNI), which the tests' vLLM servers need for the W8A8 builds to answer right there.
+  "$VENV/bin/pip" install -q --no-deps -e "$ROOT/roles/vllm/files/vllm_cpu_int8"
   sha <"$ROOT/requirements.lock" >"$VENV/.lock-sha256"
 }
 

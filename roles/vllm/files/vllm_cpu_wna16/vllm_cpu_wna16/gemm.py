@@ -8,9 +8,9 @@ BLOCK = 16  # output channels per block in the CPU kernel's weight layout
 PACK = 8  # 4-bit values per int32
 
 # Each layer's dequantized weight, made at its first call: a layer's weights never change after
-# loading, and dequantizing at every call cost about 3 ms a linear on a quiet 2-core host (a token
-# of the tiny model runs 40 of them). The entry keeps its tensors, so no address is reused while it
-# is here. Meant for the local platform's tiny model: a big one would hold a float copy of each.
+# loading, and dequantizing at every call slowed the tiny model several times over (docs/facts.md).
+# The entry keeps its tensors, so no address is reused while it is here. Meant for the local
+# platform's tiny model: a big one would hold a float copy of each.
 _DEQUANTIZED: dict[tuple, tuple[tuple[torch.Tensor, ...], torch.Tensor]] = {}
 
 
