@@ -228,8 +228,7 @@ def test_a_failing_tool_is_counted_and_its_last_answer_ages_out(smi: FakeSmi, co
     collector.poll_once()
     assert errors(collector, "exit") == 1
     assert gpu_series(collector)  # one failed poll: the last answer is still fresh
-    time.sleep(gpu.STALE_POLLS * 0.1 + 0.05)
-    assert not gpu_series(collector)
+    wait_for(lambda: not gpu_series(collector))  # aged out after STALE_POLLS polls' time
     assert ("gemma_rig_gpu_last_success_timestamp_seconds", "") in scrape(collector)
     smi.answer([])
     collector.poll_once()
