@@ -17,17 +17,12 @@ version_added: "0.1.0"
 author: gemma-rig contributors !UNKNOWN
 requirements:
   - google-cloud-compute >= 1.56
-extends_documentation_fragment: [google_cloud]
+extends_documentation_fragment: [google_cloud, google_cloud.state]
 options:
   name:
     description: Rule name.
     type: str
     required: true
-  state:
-    description: V(present) or V(absent).
-    type: str
-    choices: [present, absent]
-    default: present
   network:
     description: VPC network name.
     type: str
@@ -105,7 +100,13 @@ import json
 from typing import Any
 
 from ansible.module_utils.basic import missing_required_lib
-from ansible.module_utils.gce_client import HAS_GOOGLE, IMPORT_ERROR, cloud_module, make_clients
+from ansible.module_utils.gce_client import (
+    HAS_GOOGLE,
+    IMPORT_ERROR,
+    PRESENT_OR_ABSENT,
+    cloud_module,
+    make_clients,
+)
 from ansible.module_utils.gce_errors import GceError, exception_to_error
 from ansible.module_utils.gce_operations import call_and_wait, get_or_none
 from ansible.module_utils.gce_retry import make_retry
@@ -178,7 +179,7 @@ def replacement(compute_v1: Any, current: dict[str, Any], resource: Any) -> Any:
 def main() -> None:
     spec = dict(
         name={"type": "str", "required": True},
-        state={"type": "str", "default": "present", "choices": ["present", "absent"]},
+        state=PRESENT_OR_ABSENT,
         network={"type": "str", "default": "default"},
         ports={"type": "list", "elements": "str", "default": ["8000"]},
         source_ranges={"type": "list", "elements": "str", "default": []},

@@ -23,7 +23,7 @@ version_added: "0.2.0"
 author: gemma-rig contributors !UNKNOWN
 requirements:
   - google-cloud-iam >= 2.27
-extends_documentation_fragment: [google_cloud]
+extends_documentation_fragment: [google_cloud, google_cloud.state]
 options:
   account_id:
     description: The account's id, the part of its email before C(@) (6-30 characters).
@@ -37,11 +37,6 @@ options:
     description: The account's description.
     type: str
     default: ""
-  state:
-    description: V(present) or V(absent).
-    type: str
-    choices: [present, absent]
-    default: present
 notes:
   - O(api_endpoint) is the IAM API's gRPC address; C(http://host:port) is reached over a
     plain-text channel (a local fake API only).
@@ -69,9 +64,8 @@ account:
 
 from typing import Any
 
-from ansible.module_utils.basic import missing_required_lib
-from ansible.module_utils.gce_client import HAS_GOOGLE, IMPORT_ERROR, cloud_module
-from ansible.module_utils.gce_iam import describe, get_or_none, iam_admin_client
+from ansible.module_utils.gce_client import PRESENT_OR_ABSENT, cloud_module
+from ansible.module_utils.gce_iam import describe, get_or_none, iam_admin_client, open_client
 from ansible.module_utils.gce_retry import make_retry
 
 
@@ -93,23 +87,17 @@ def main() -> None:
             "account_id": {"type": "str", "required": True},
             "display_name": {"type": "str", "default": ""},
             "description": {"type": "str", "default": ""},
-            "state": {"type": "str", "default": "present", "choices": ["present", "absent"]},
+            "state": PRESENT_OR_ABSENT,
         }
     )
     p = module.params
-    if not HAS_GOOGLE:
-        module.fail_json(msg=missing_required_lib("google-cloud-compute"), exception=str(IMPORT_ERROR))
-    try:
-        from google.cloud import iam_admin_v1
-        from google.protobuf import field_mask_pb2
-    except ImportError as exc:
-        module.fail_json(msg=missing_required_lib("google-cloud-iam"), exception=str(exc))
+    client = open_client(module, iam_admin_client, "google-cloud-iam")
+    # Both installed: open_client has checked (iam_admin_client imports iam_admin_v1).
+    from google.cloud import iam_admin_v1
+    from google.protobuf import field_mask_pb2
+
     email = f"{p['account_id']}@{p['project']}.iam.gserviceaccount.com"
     name = f"projects/{p['project']}/serviceAccounts/{email}"
-    try:
-        client = iam_admin_client(p["auth_kind"], p["service_account_file"], p["api_endpoint"])
-    except ValueError as err:  # credentials: raised before any request
-        module.fail_json(msg=str(err), error_kind="auth")
     retry = make_retry()
     try:
         current = get_or_none(client.get_service_account, retry, request={"name": name})

@@ -30,7 +30,7 @@ author: gemma-rig contributors !UNKNOWN
 requirements:
   - google-cloud-resource-manager >= 1.19
   - google-cloud-compute >= 1.56
-extends_documentation_fragment: [google_cloud]
+extends_documentation_fragment: [google_cloud, google_cloud.state]
 options:
   resource:
     description: Whose policy - the project's, or one instance's.
@@ -51,11 +51,6 @@ options:
     description: The principal, for instance C(serviceAccount:EMAIL).
     type: str
     required: true
-  state:
-    description: V(present) or V(absent).
-    type: str
-    choices: [present, absent]
-    default: present
 notes:
   - O(api_endpoint) is Resource Manager's endpoint for O(resource=project), Compute Engine's for
     O(resource=instance).
@@ -83,11 +78,11 @@ bindings:
 import json
 from typing import Any
 
-from ansible.module_utils.basic import missing_required_lib
-from ansible.module_utils.gce_client import HAS_GOOGLE, IMPORT_ERROR, cloud_module
+from ansible.module_utils.gce_client import PRESENT_OR_ABSENT, cloud_module
 from ansible.module_utils.gce_iam import (
     describe,
     instances_client,
+    open_client,
     projects_client,
     read_modify_write,
     with_member,
@@ -166,31 +161,20 @@ def main() -> None:
             "instance": {"type": "str"},
             "role": {"type": "str", "required": True},
             "member": {"type": "str", "required": True},
-            "state": {"type": "str", "default": "present", "choices": ["present", "absent"]},
+            "state": PRESENT_OR_ABSENT,
         }
     )
     p = module.params
     if p["resource"] == "instance" and not (p["zone"] and p["instance"]):
         module.fail_json(msg="resource=instance needs zone and instance")
-    if not HAS_GOOGLE:
-        module.fail_json(msg=missing_required_lib("google-cloud-compute"), exception=str(IMPORT_ERROR))
-    retry = make_retry()
-    try:
-        if p["resource"] == "project":
-            try:
-                client = projects_client(p["auth_kind"], p["service_account_file"], p["api_endpoint"])
-            except ImportError as exc:
-                module.fail_json(
-                    msg=missing_required_lib("google-cloud-resource-manager"), exception=str(exc)
-                )
-            read, write = project_policy(client, p["project"], retry)
-            api = "Resource Manager API"
-        else:
-            client = instances_client(p["auth_kind"], p["service_account_file"], p["api_endpoint"])
-            read, write = instance_policy(client, p["project"], p["zone"], p["instance"], retry)
-            api = "Compute API"
-    except ValueError as err:  # credentials: raised before any request
-        module.fail_json(msg=str(err), error_kind="auth")
+    if p["resource"] == "project":
+        client = open_client(module, projects_client, "google-cloud-resource-manager")
+        read, write = project_policy(client, p["project"], make_retry())
+        api = "Resource Manager API"
+    else:
+        client = open_client(module, instances_client, "google-cloud-compute")
+        read, write = instance_policy(client, p["project"], p["zone"], p["instance"], make_retry())
+        api = "Compute API"
     present = p["state"] == "present"
     try:
         before, after, changed = read_modify_write(

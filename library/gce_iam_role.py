@@ -26,7 +26,7 @@ version_added: "0.2.0"
 author: gemma-rig contributors !UNKNOWN
 requirements:
   - google-cloud-iam >= 2.27
-extends_documentation_fragment: [google_cloud]
+extends_documentation_fragment: [google_cloud, google_cloud.state]
 options:
   role_id:
     description: The role's id (C([a-zA-Z0-9_.]), 3-64 characters).
@@ -50,11 +50,6 @@ options:
     type: str
     choices: [ALPHA, BETA, GA, DEPRECATED, DISABLED, EAP]
     default: GA
-  state:
-    description: V(present) or V(absent).
-    type: str
-    choices: [present, absent]
-    default: present
 notes:
   - O(api_endpoint) is the IAM API's gRPC address; C(http://host:port) is reached over a
     plain-text channel (a local fake API only).
@@ -86,9 +81,8 @@ undeleted:
 
 from typing import Any
 
-from ansible.module_utils.basic import missing_required_lib
-from ansible.module_utils.gce_client import HAS_GOOGLE, IMPORT_ERROR, cloud_module
-from ansible.module_utils.gce_iam import describe, get_or_none, iam_admin_client
+from ansible.module_utils.gce_client import PRESENT_OR_ABSENT, cloud_module
+from ansible.module_utils.gce_iam import describe, get_or_none, iam_admin_client, open_client
 from ansible.module_utils.gce_retry import make_retry
 
 # update_mask paths of the fields this module owns, by the names summarize() uses.
@@ -125,25 +119,19 @@ def main() -> None:
                 "default": "GA",
                 "choices": ["ALPHA", "BETA", "GA", "DEPRECATED", "DISABLED", "EAP"],
             },
-            "state": {"type": "str", "default": "present", "choices": ["present", "absent"]},
+            "state": PRESENT_OR_ABSENT,
         }
     )
     p = module.params
     if p["state"] == "present" and not p["permissions"]:
         module.fail_json(msg="permissions must list what the role includes")
-    if not HAS_GOOGLE:
-        module.fail_json(msg=missing_required_lib("google-cloud-compute"), exception=str(IMPORT_ERROR))
-    try:
-        from google.cloud import iam_admin_v1
-        from google.protobuf import field_mask_pb2
-    except ImportError as exc:
-        module.fail_json(msg=missing_required_lib("google-cloud-iam"), exception=str(exc))
+    client = open_client(module, iam_admin_client, "google-cloud-iam")
+    # Both installed: open_client has checked (iam_admin_client imports iam_admin_v1).
+    from google.cloud import iam_admin_v1
+    from google.protobuf import field_mask_pb2
+
     parent = f"projects/{p['project']}"
     name = f"{parent}/roles/{p['role_id']}"
-    try:
-        client = iam_admin_client(p["auth_kind"], p["service_account_file"], p["api_endpoint"])
-    except ValueError as err:  # credentials: raised before any request
-        module.fail_json(msg=str(err), error_kind="auth")
     retry = make_retry()
     wanted = {
         "title": p["title"],

@@ -39,6 +39,10 @@ AUTH_ARGUMENT_SPEC: dict[str, Any] = {
     "api_endpoint": {"type": "str"},
 }
 
+# The state option of the modules that keep one resource there or not (gce_firewall, gce_iam_*),
+# documented by the fragment google_cloud.state (plugins/doc_fragments/google_cloud.py STATE).
+PRESENT_OR_ABSENT: dict[str, Any] = {"type": "str", "default": "present", "choices": ["present", "absent"]}
+
 
 def cloud_module(argument_spec: dict[str, Any]) -> AnsibleModule:
     """The AnsibleModule of a module that calls a Google Cloud API: its options and the shared ones,

@@ -13,7 +13,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ansible.module_utils.gce_client import credentials
+from ansible.module_utils.basic import missing_required_lib
+from ansible.module_utils.gce_client import HAS_GOOGLE, IMPORT_ERROR, credentials
 from ansible.module_utils.gce_errors import classify_exception
 
 try:
@@ -68,6 +69,22 @@ def instances_client(auth_kind: str, service_account_file: str | None, api_endpo
     return compute_v1.InstancesClient(
         credentials=creds, client_options=_options(api_endpoint), transport="rest"
     )
+
+
+def open_client(module: Any, build: Any, library: str) -> Any:
+    """The client ``build`` (iam_admin_client, projects_client, instances_client) makes from the
+    running module's credential and endpoint options. The module fails, before any request, when
+    google-cloud-compute (whose credentials every client uses) or ``library`` (the package
+    ``build`` imports) is missing, or when no credentials are found."""
+    if not HAS_GOOGLE:
+        module.fail_json(msg=missing_required_lib("google-cloud-compute"), exception=str(IMPORT_ERROR))
+    p = module.params
+    try:
+        return build(p["auth_kind"], p["service_account_file"], p["api_endpoint"])
+    except ImportError as exc:
+        module.fail_json(msg=missing_required_lib(library), exception=str(exc))
+    except ValueError as err:  # credentials: raised before any request
+        module.fail_json(msg=str(err), error_kind="auth")
 
 
 def get_or_none(call: Any, retry: Any, **kwargs: Any) -> Any:

@@ -1,5 +1,6 @@
-"""What every module that calls a Google Cloud API (gce_instance, gce_firewall, tpu_node) shares,
-documented once: the options of module_utils/gce_client.py's cloud_module, and check mode."""
+"""What every module that calls a Google Cloud API (gce_instance, gce_firewall, tpu_node, gce_iam_*...)
+shares, documented once: the options of module_utils/gce_client.py's cloud_module, and check mode;
+and the state option of those that keep one resource there or not."""
 
 from __future__ import annotations
 
@@ -39,4 +40,15 @@ attributes:
   diff_mode:
     description: Shows the compared fields before and after.
     support: full
+"""
+
+    # extends_documentation_fragment: [google_cloud, google_cloud.state] - gce_firewall and the
+    # gce_iam_* modules; their argument_spec takes it from module_utils/gce_client.py PRESENT_OR_ABSENT.
+    STATE = r"""
+options:
+  state:
+    description: V(present) or V(absent).
+    type: str
+    choices: [present, absent]
+    default: present
 """

@@ -60,7 +60,9 @@ def build_tree(dest: Path) -> Path:
     ours = sorted(p.stem for p in (ROOT / "module_utils").glob("*.py"))
     local_import = re.compile(rf"\bansible\.module_utils\.({'|'.join(ours)})\b")
     fragments = "|".join(p.stem for p in (ROOT / "plugins" / "doc_fragments").glob("*.py"))
-    fragment_use = re.compile(rf"^(extends_documentation_fragment: \[.*)\b({fragments})\b", re.M)
+    fragment_list = re.compile(r"^extends_documentation_fragment: \[.*\]$", re.M)
+    # Each of ours in the list, by itself or with the variable it names (google_cloud.state).
+    fragment_name = re.compile(rf"(?<=[\[ ])({fragments})\b")
     for source, target in PLUGIN_DIRS:
         for path in sorted((ROOT / source).glob("*.py")):
             out = root / "plugins" / target / path.name
@@ -68,7 +70,7 @@ def build_tree(dest: Path) -> Path:
             text = local_import.sub(
                 rf"ansible_collections.{NAMESPACE}.{NAME}.plugins.module_utils.\1", path.read_text()
             )
-            text = fragment_use.sub(rf"\1{NAMESPACE}.{NAME}.\2", text)
+            text = fragment_list.sub(lambda line: fragment_name.sub(rf"{NAMESPACE}.{NAME}.\1", line[0]), text)
             out.write_text(text)
     (root / "galaxy.yml").write_text(
         f"namespace: {NAMESPACE}\nname: {NAME}\nversion: 0.1.0\nreadme: README.md\nauthors: [gemma-rig]\n"

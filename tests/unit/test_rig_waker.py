@@ -481,15 +481,19 @@ FOUR = {
 }
 
 
-def load_ctl() -> Any:
-    """gateway-ctl as a module (the gateway host runs it as a program)."""
-    path = ROOT / "roles" / "gateway" / "files" / "gateway-ctl"
-    loader = importlib.machinery.SourceFileLoader("gateway_ctl", str(path))
-    spec = importlib.util.spec_from_loader("gateway_ctl", loader)
+def load_program(path: Path, name: str) -> Any:
+    """A program of the gateway role (a Python file with no .py) as the module ``name``."""
+    loader = importlib.machinery.SourceFileLoader(name, str(path))
+    spec = importlib.util.spec_from_loader(name, loader)
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module
+
+
+def load_ctl() -> Any:
+    """gateway-ctl as a module (the gateway host runs it as a program)."""
+    return load_program(ROOT / "roles" / "gateway" / "files" / "gateway-ctl", "gateway_ctl")
 
 
 def test_a_rig_that_never_gets_healthy_ends_the_wake_and_is_named(tmp_path: Path) -> None:

@@ -8,8 +8,6 @@ waker reads them with zoneOperations.list and starts again only what a preemptio
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import json
 import time
 from collections.abc import Iterator
@@ -20,7 +18,7 @@ import httpx
 import pytest
 
 from tests.fake_compute import Faults
-from tests.unit.test_rig_waker import MINIMAL, PROJECT, TOKEN, WAKER, ZONES, Stack, chat
+from tests.unit.test_rig_waker import MINIMAL, PROJECT, TOKEN, WAKER, ZONES, Stack, chat, load_program
 
 WATCH = 0.2
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -28,12 +26,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 def load_waker() -> Any:
     """rig-waker as a module (the file has no .py: the gateway host runs it as a program)."""
-    loader = importlib.machinery.SourceFileLoader("rig_waker", str(WAKER))
-    spec = importlib.util.spec_from_loader("rig_waker", loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    return load_program(WAKER, "rig_waker")
 
 
 class SpotStack(Stack):
