@@ -4,11 +4,17 @@ a timing assertion (the state is what it checks), and neither is a duration that
 
 The check reads each test function's syntax: the names it assigns from the clock (time.monotonic,
 perf_counter, time.time), from those, or appends such values to; then any assert that orders such a
-value against another (<, <=, >, >=), unless one side is a deadline or the bound is zero."""
+value against another (<, <=, >, >=), unless one side is a deadline or the bound is zero.
+
+It also finds an assert right after a sleep: what it checks then depends on how much the machine got
+done in that time (a count "between 2 and 5", or "nothing happened", which also holds when the
+watch never ran). Such a test waits for a state instead: the thing it waited for, shown to have run
+(so many more looks in the fake's request log, a line in the journal), then asserts."""
 
 from __future__ import annotations
 
 import ast
+import itertools
 
 from tests.conftest import ROOT
 
@@ -80,6 +86,33 @@ def timing_asserts(source: str) -> list[int]:
     return sorted(set(found))
 
 
+def _is_sleep(node: ast.stmt) -> bool:
+    call = node.value if isinstance(node, ast.Expr) else None
+    return (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and call.func.attr == "sleep"
+        and isinstance(call.func.value, ast.Name)
+        and call.func.value.id == "time"
+    )
+
+
+def asserts_after_a_sleep(source: str) -> list[int]:
+    """Line numbers of the asserts that directly follow a ``time.sleep`` in ``source``'s tests."""
+    found = []
+    for func in ast.walk(ast.parse(source)):
+        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) or not func.name.startswith("test"):
+            continue
+        for node in ast.walk(func):
+            body = getattr(node, "body", None)
+            if not isinstance(body, list):
+                continue
+            for before, after in itertools.pairwise(body):
+                if _is_sleep(before) and isinstance(after, ast.Assert):
+                    found.append(after.lineno)
+    return sorted(set(found))
+
+
 def test_the_check_finds_each_kind_of_timing_assertion() -> None:
     """What this project's tests once asserted: a bound on an elapsed time, on a value measured
     from the clock, and on a statistic of such values; and what they may keep."""
@@ -107,9 +140,38 @@ def test_allowed():
     assert timing_asserts(source) == [5, 9, 14]
 
 
+def test_the_check_finds_an_assert_right_after_a_sleep() -> None:
+    """What spot recovery's tests once did (a count after a sleep, nothing after a sleep), and what
+    they do now: wait for a state, then assert."""
+    source = """
+import time
+def test_count():
+    time.sleep(1.2)
+    assert 2 <= watcher.attempts <= 5
+def test_nothing():
+    with stack() as s:
+        time.sleep(2)
+        assert s.starts() == []
+def test_allowed():
+    wait(lambda: looks() >= 3, "three more looks")
+    assert starts() == []
+    time.sleep(0.1)
+    wait(lambda: done(), "done")
+"""
+    assert asserts_after_a_sleep(source) == [5, 9]
+
+
 def test_no_test_asserts_a_time() -> None:
     found = []
     for directory in DIRS:
         for path in sorted((ROOT / directory).rglob("*.py")):
             found += [f"{path.relative_to(ROOT)}:{line}" for line in timing_asserts(path.read_text())]
     assert found == [], "report these with the `figure` fixture instead (CONTRIBUTING.md)"
+
+
+def test_no_test_asserts_right_after_a_sleep() -> None:
+    found = []
+    for directory in DIRS:
+        for path in sorted((ROOT / directory).rglob("*.py")):
+            found += [f"{path.relative_to(ROOT)}:{line}" for line in asserts_after_a_sleep(path.read_text())]
+    assert found == [], "wait for the state the sleep was for (and show the watch ran), then assert"

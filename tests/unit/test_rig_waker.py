@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import yaml
 
 from tests.conftest import ROOT
 from tests.fake_compute import FakeComputeServer, Faults
@@ -36,12 +37,16 @@ MODEL = "tiny-emb4"
 PROJECT = "p1"
 ZONES = {"rig-a": "us-central1-a", "rig-b": "us-central1-b"}
 TOKEN = "waker-token-0123"  # a test-only token
-MINIMAL = {
-    "compute.instances.get",
-    "compute.instances.start",
-    "compute.zoneOperations.get",
-    "compute.zoneOperations.list",  # spot recovery: why an instance stopped
-}
+
+
+def waker_roles() -> dict[str, list[str]]:
+    """The custom roles roles/gce makes for rig-waker (vars/main.yml), by the variable naming each
+    one's id: the permissions the waker's account holds, and the only ones its token here has."""
+    roles = yaml.safe_load((ROOT / "roles/gce/vars/main.yml").read_text())["_gce_waker_roles"]
+    return {role["id"].strip("{} "): role["permissions"] for role in roles}
+
+
+MINIMAL = {permission for permissions in waker_roles().values() for permission in permissions}
 
 
 def free_port() -> int:
@@ -285,6 +290,20 @@ def test_when_no_rig_can_start_the_client_hears_it_at_once_and_the_journal_why(t
         assert stack.lines_of(request) == [f"request {request}: POST '/v1/chat/completions' (model_x): "
                                            "no rig serves backend model_x"]  # fmt: skip
         assert stack.starts() == ["rig-a", "rig-b"]
+
+
+def test_the_docs_name_the_permissions_the_playbooks_grant() -> None:
+    """docs/gateway.md's list of rig-waker's permissions, and each `gcloud iam roles create` of its
+    by-hand equivalent, are the roles roles/gce makes: neither is written apart from the other."""
+    text = (ROOT / "docs/gateway.md").read_text()
+    paragraph = text.split("**Its permissions on Compute Engine**", 1)[1].split("\n\n", 1)[0]
+    assert set(re.findall(r"`(compute\.[A-Za-z.]+)`", paragraph)) == MINIMAL
+    assert f"are {['one', 'two', 'three', 'four', 'five', 'six'][len(MINIMAL) - 1]}," in paragraph
+    defaults = yaml.safe_load((ROOT / "roles/gce/defaults/main.yml").read_text())
+    by_hand = dict(re.findall(r"gcloud iam roles create (\w+) .*?--permissions=([\w.,]+)", text, re.S))
+    assert {defaults[var]: sorted(perms) for var, perms in waker_roles().items()} == {
+        role: sorted(perms.split(",")) for role, perms in by_hand.items()
+    }
 
 
 def test_the_minimal_permissions_start_but_cannot_delete_or_insert(stack: Stack) -> None:

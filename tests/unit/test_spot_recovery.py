@@ -8,7 +8,9 @@ waker reads them with zoneOperations.list and starts again only what a preemptio
 
 from __future__ import annotations
 
+import itertools
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,6 +57,16 @@ class SpotStack(Stack):
         wait(lambda: self.fake.api.get_instance(ZONES[name], name)["status"] == "RUNNING", f"{name} RUNNING")
         wait(lambda: self.rigs[name].healthy, f"{name} booted")  # its boot timer has fired
 
+    def more_looks(self, *names: str, looks: int = 3) -> None:
+        """Wait until the watch has looked at each rig ``looks`` more times (its instances.get in
+        the fake's log): what it did not do by then, it did not do on those looks."""
+        for name in names:
+            seen = len(self.fake.api.requests("GET", f"/instances/{name}"))
+            wait(
+                lambda n=name, s=seen: len(self.fake.api.requests("GET", f"/instances/{n}")) >= s + looks,
+                f"{looks} more looks at {name}",
+            )
+
     def operations(self, name: str, filter_: str | None = None, **extra: str) -> httpx.Response:
         params = {"filter": filter_, **extra} if filter_ is not None else extra
         url = f"{self.fake.endpoint}/compute/v1/projects/{PROJECT}/zones/{ZONES[name]}/operations"
@@ -87,7 +99,7 @@ def test_a_preempted_spot_rig_is_started_again(spot: SpotStack) -> None:
     assert rec["attempts"] == 1 and rec["last_error"] == ""
     assert rec["summary"].startswith(f"preempted at {rec['preempted_at']}, started again at ")
     assert spot.rigs["rig-a"].healthy
-    time.sleep(WATCH * 5)  # once up, a look starts nothing more
+    spot.more_looks("rig-a", "rig-b")  # once up, a look starts nothing more
     assert spot.starts() == ["rig-a", "rig-a"] and spot.status()["rig-b"]["preempted_at"] == ""
     assert spot.fake.api.mismatches == []
 
@@ -101,7 +113,7 @@ def test_a_rig_its_guest_or_a_user_stopped_waits_for_a_request(spot: SpotStack) 
     wait(
         lambda: spot.fake.api.get_instance(ZONES["rig-b"], "rig-b")["status"] == "TERMINATED", "rig-b stopped"
     )
-    time.sleep(WATCH * 10)
+    spot.more_looks("rig-a", "rig-b")
     assert spot.starts() == []
     assert {r["summary"] for r in spot.status().values()} == {"spot, no preemption seen"}
     kinds = {op["operationType"] for op in spot.operations("rig-a").json()["items"]}
@@ -127,10 +139,7 @@ def test_a_stockout_is_tried_again_later_and_the_state_says_why(tmp_path: Path) 
         assert rec["last_error"].startswith(f"stockout in {ZONES['rig-a']}: ")
         assert "ZONE_RESOURCE_POOL_EXHAUSTED" in rec["last_error"]
         assert "; recovering: stockout in us-central1-a" in rec["summary"] and "next try in" in rec["summary"]
-        # Backoff: attempt n waits WATCH * 2**(n-1), so the starts thin out.
-        time.sleep(WATCH * 6)
-        assert 2 <= spot.status()["rig-a"]["attempts"] <= 5
-        spot.fake.api.faults.stockout_zones.clear()
+        spot.fake.api.faults.stockout_zones.clear()  # the waits between tries: the next test
         wait(lambda: spot.status()["rig-a"]["up"], "rig-a up once the zone has room", timeout=30)
         assert spot.status()["rig-a"]["last_error"] == ""
 
@@ -205,6 +214,80 @@ def stub_waker(module: Any, answers: dict[str, dict[str, Any]]) -> tuple[Any, St
     )
     waker.compute = StubCompute(answers)
     return waker, waker.compute
+
+
+class Clock:
+    """rig-waker's ``time`` module with a clock the test moves (the rest is the real module)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+class InlineThreads:
+    """rig-waker's ``threading`` module whose threads run at once, in the caller's thread."""
+
+    class Thread:
+        def __init__(self, target: Any, args: tuple = (), daemon: bool = False) -> None:
+            self.target, self.args = target, args
+
+        def start(self) -> None:
+            self.target(*self.args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(threading, name)
+
+
+class RefusedStart(StubCompute):
+    """A preempted instance whose every instances.start fails (a stockout)."""
+
+    def call(self, method: str, path: str, query: dict[str, str] | None = None, timeout: float = 30) -> Any:
+        answer = super().call(method, path, query, timeout)
+        if method == "POST":
+            raise self.error("ZONE_RESOURCE_POOL_EXHAUSTED in z")
+        return answer
+
+
+def test_a_failed_recovery_waits_twice_as_long_each_time_up_to_the_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The watch looks every tenth of an interval on a clock the test moves: the n-th failed start
+    puts the next WATCH * 2**(n-1) later (at most BACKOFF_CAP intervals), and no look before then
+    starts anything."""
+    module = load_waker()
+    preempted = {"operationType": "compute.instances.preempted", "insertTime": "2026-12-01T10:00:00.000-08:00",
+                 "name": "op-1", "status": "DONE"}  # fmt: skip
+    waker, _ = stub_waker(module, {})
+    compute = RefusedStart(
+        {
+            "GET r": {"status": "TERMINATED", "id": "12"},
+            "GET operations": {"items": [preempted]},
+            "POST start": {},
+        }
+    )
+    compute.error = module.WakeError
+    waker.compute = compute
+    clock = Clock()
+    monkeypatch.setattr(module, "time", clock)
+    monkeypatch.setattr(module, "threading", InlineThreads())
+    every, tries = waker.watch_every, []
+    while len(tries) < 9:
+        sent = sum(call.startswith("POST") for call in compute.calls)
+        waker.check(waker.rigs["r"])
+        if sum(call.startswith("POST") for call in compute.calls) > sent:
+            tries.append(round((clock.now - 1000.0) / every, 1))
+        clock.now += every / 10
+    gaps = [round(b - a, 1) for a, b in itertools.pairwise(tries)]
+    assert gaps == [1, 2, 4, 8, 16, 32, 32, 32] and module.BACKOFF_CAP == 32, tries
+    assert (
+        waker.recovery["r"]["attempts"] == 9
+        and "ZONE_RESOURCE_POOL_EXHAUSTED" in waker.recovery["r"]["last_error"]
+    )
 
 
 def test_hostile_api_values_never_become_a_path_or_filter_unchecked() -> None:
@@ -290,7 +373,7 @@ def test_the_metrics_count_a_preemption_and_the_starts(spot: SpotStack) -> None:
     assert metrics(spot)[starts("rig-a", "wake", "ok")] == 1
     spot.event("rig-a", "preempt")
     wait(lambda: spot.status()["rig-a"]["up"], "rig-a up again")
-    time.sleep(WATCH * 3)  # more looks at the same preemption count nothing more
+    spot.more_looks("rig-a")  # more looks at the same preemption count nothing more
     got = metrics(spot)
     assert got['gemma_rig_waker_preemptions_total{"rig": "rig-a"}'] == 1
     assert got['gemma_rig_waker_preemptions_total{"rig": "rig-b"}'] == 0
