@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import itertools
+from collections.abc import Callable
 
 from tests.conftest import ROOT
 
@@ -27,15 +28,36 @@ def _names(node: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
 
-def _reads_clock(node: ast.AST) -> bool:
-    return any(
-        isinstance(n, ast.Call)
-        and isinstance(n.func, ast.Attribute)
-        and n.func.attr in CLOCKS
-        and isinstance(n.func.value, ast.Name)
-        and n.func.value.id == "time"
-        for n in ast.walk(node)
+def _calls_time(node: ast.AST, functions: set[str]) -> bool:
+    """Whether ``node`` is a call ``time.F(...)`` of one of ``functions``."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in functions
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "time"
     )
+
+
+def _reads_clock(node: ast.AST) -> bool:
+    return any(_calls_time(n, CLOCKS) for n in ast.walk(node))
+
+
+def _test_functions(source: str) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    return [
+        func
+        for func in ast.walk(ast.parse(source))
+        if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) and func.name.startswith("test")
+    ]
+
+
+def _in_the_tests(finder: Callable[[str], list[int]]) -> list[str]:
+    """``finder``'s lines in every test file of DIRS, as PATH:LINE."""
+    found = []
+    for directory in DIRS:
+        for path in sorted((ROOT / directory).rglob("*.py")):
+            found += [f"{path.relative_to(ROOT)}:{line}" for line in finder(path.read_text())]
+    return found
 
 
 def _timed_names(func: ast.AST) -> set[str]:
@@ -70,9 +92,7 @@ def _is_exempt(side: ast.AST) -> bool:
 def timing_asserts(source: str) -> list[int]:
     """Line numbers of the asserts in ``source``'s test functions that order a clock-derived value."""
     found = []
-    for func in ast.walk(ast.parse(source)):
-        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) or not func.name.startswith("test"):
-            continue
+    for func in _test_functions(source):
         timed = _timed_names(func)
         for node in ast.walk(func):
             if not isinstance(node, ast.Assert):
@@ -87,22 +107,13 @@ def timing_asserts(source: str) -> list[int]:
 
 
 def _is_sleep(node: ast.stmt) -> bool:
-    call = node.value if isinstance(node, ast.Expr) else None
-    return (
-        isinstance(call, ast.Call)
-        and isinstance(call.func, ast.Attribute)
-        and call.func.attr == "sleep"
-        and isinstance(call.func.value, ast.Name)
-        and call.func.value.id == "time"
-    )
+    return isinstance(node, ast.Expr) and _calls_time(node.value, {"sleep"})
 
 
 def asserts_after_a_sleep(source: str) -> list[int]:
     """Line numbers of the asserts that directly follow a ``time.sleep`` in ``source``'s tests."""
     found = []
-    for func in ast.walk(ast.parse(source)):
-        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) or not func.name.startswith("test"):
-            continue
+    for func in _test_functions(source):
         for node in ast.walk(func):
             body = getattr(node, "body", None)
             if not isinstance(body, list):
@@ -162,16 +173,12 @@ def test_allowed():
 
 
 def test_no_test_asserts_a_time() -> None:
-    found = []
-    for directory in DIRS:
-        for path in sorted((ROOT / directory).rglob("*.py")):
-            found += [f"{path.relative_to(ROOT)}:{line}" for line in timing_asserts(path.read_text())]
-    assert found == [], "report these with the `figure` fixture instead (CONTRIBUTING.md)"
+    assert _in_the_tests(timing_asserts) == [], (
+        "report these with the `figure` fixture instead (CONTRIBUTING.md)"
+    )
 
 
 def test_no_test_asserts_right_after_a_sleep() -> None:
-    found = []
-    for directory in DIRS:
-        for path in sorted((ROOT / directory).rglob("*.py")):
-            found += [f"{path.relative_to(ROOT)}:{line}" for line in asserts_after_a_sleep(path.read_text())]
-    assert found == [], "wait for the state the sleep was for (and show the watch ran), then assert"
+    assert _in_the_tests(asserts_after_a_sleep) == [], (
+        "wait for the state the sleep was for (and show the watch ran), then assert"
+    )
