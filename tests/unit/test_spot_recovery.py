@@ -193,9 +193,9 @@ def test_the_status_is_for_local_clients_that_did_not_come_through_haproxy(spot:
 
 
 class StubCompute:
-    """Answers the waker's calls from a table; records what it was asked."""
+    """Answers the waker's calls from a table (an exception there is raised); records what it was asked."""
 
-    def __init__(self, answers: dict[str, dict[str, Any]]) -> None:
+    def __init__(self, answers: dict[str, dict[str, Any] | Exception]) -> None:
         self.answers = answers
         self.calls: list[str] = []
 
@@ -203,10 +203,13 @@ class StubCompute:
         self, method: str, path: str, query: dict[str, str] | None = None, timeout: float = 30
     ) -> dict[str, Any]:
         self.calls.append(f"{method} {path} {json.dumps(query) if query else ''}".strip())
-        return self.answers[method + " " + path.rsplit("/", 1)[-1]]
+        answer = self.answers[method + " " + path.rsplit("/", 1)[-1]]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
 
 
-def stub_waker(module: Any, answers: dict[str, dict[str, Any]]) -> tuple[Any, StubCompute]:
+def stub_waker(module: Any, answers: dict[str, dict[str, Any] | Exception]) -> tuple[Any, StubCompute]:
     rig = {"name": "r", "address": "127.0.0.1", "port": 9, "project": "p", "zone": "z", "instance": "r",
            "spot": True}  # fmt: skip
     waker = module.Waker(
@@ -243,16 +246,6 @@ class InlineThreads:
         return getattr(threading, name)
 
 
-class RefusedStart(StubCompute):
-    """A preempted instance whose every instances.start fails (a stockout)."""
-
-    def call(self, method: str, path: str, query: dict[str, str] | None = None, timeout: float = 30) -> Any:
-        answer = super().call(method, path, query, timeout)
-        if method == "POST":
-            raise self.error("ZONE_RESOURCE_POOL_EXHAUSTED in z")
-        return answer
-
-
 def test_a_failed_recovery_waits_twice_as_long_each_time_up_to_the_cap(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -262,25 +255,24 @@ def test_a_failed_recovery_waits_twice_as_long_each_time_up_to_the_cap(
     module = load_waker()
     preempted = {"operationType": "compute.instances.preempted", "insertTime": "2026-12-01T10:00:00.000-08:00",
                  "name": "op-1", "status": "DONE"}  # fmt: skip
-    waker, _ = stub_waker(module, {})
-    compute = RefusedStart(
+    # Every instances.start fails (a stockout).
+    waker, compute = stub_waker(
+        module,
         {
             "GET r": {"status": "TERMINATED", "id": "12"},
             "GET operations": {"items": [preempted]},
-            "POST start": {},
-        }
+            "POST start": module.WakeError("ZONE_RESOURCE_POOL_EXHAUSTED in z"),
+        },
     )
-    compute.error = module.WakeError
-    waker.compute = compute
     clock = Clock()
     monkeypatch.setattr(module, "time", clock)
     monkeypatch.setattr(module, "threading", InlineThreads())
-    every, tries = waker.watch_every, []
+    every, tries, start = waker.watch_every, [], clock.now
     while len(tries) < 9:
         sent = sum(call.startswith("POST") for call in compute.calls)
         waker.check(waker.rigs["r"])
         if sum(call.startswith("POST") for call in compute.calls) > sent:
-            tries.append(round((clock.now - 1000.0) / every, 1))
+            tries.append(round((clock.now - start) / every, 1))
         clock.now += every / 10
     gaps = [round(b - a, 1) for a, b in itertools.pairwise(tries)]
     assert gaps == [1, 2, 4, 8, 16, 32, 32, 32] and module.BACKOFF_CAP == 32, tries
